@@ -1,0 +1,68 @@
+//! The Lambda entrypoint: an API Gateway HTTP API (or Function URL) event in,
+//! one route's response out.
+
+use std::convert::Infallible;
+use std::time::{Duration, Instant};
+
+use lambda_http::http::header::{ALLOW, CONTENT_TYPE};
+use lambda_http::{Body, Request, RequestExt, Response};
+
+use crate::api::{self, ApiResponse, Route};
+use crate::error::Error;
+use crate::service::{now_ms, Service};
+
+/// Handles one request for `route`. The id comes from the `id` path parameter,
+/// or from the raw path when there is none (Function URL, `cargo lambda watch`).
+pub async fn handle(service: &Service, route: Route, request: Request) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    let path_param = request
+        .path_parameters_ref()
+        .and_then(|params| params.first("id"))
+        .map(str::to_owned);
+    let raw_id = path_param.or_else(|| {
+        let raw = request.raw_http_path();
+        let path = if raw.is_empty() { request.uri().path() } else { raw };
+        api::id_from_path(route, path).map(str::to_owned)
+    });
+    let response = match raw_id.as_deref() {
+        None => api::error_response(&Error::RouteNotFound),
+        Some(_) if request.method().as_str() != route.method() => {
+            api::error_response(&Error::MethodNotAllowed { allow: route.method() })
+        }
+        Some(id) => {
+            let deadline = request.lambda_context_ref().and_then(|c| deadline_instant(c.deadline));
+            api::handle(service, route, id, body_bytes(request.body()), deadline).await
+        }
+    };
+    api::log_request(route.key(), raw_id.as_deref(), response.status, started.elapsed());
+    Ok(into_response(response))
+}
+
+fn body_bytes(body: &Body) -> &[u8] {
+    match body {
+        Body::Empty => &[],
+        Body::Text(text) => text.as_bytes(),
+        Body::Binary(bytes) => bytes,
+        _ => &[],
+    }
+}
+
+/// The invocation deadline (Unix ms) as an `Instant`; none when unset.
+fn deadline_instant(deadline_ms: u64) -> Option<Instant> {
+    if deadline_ms == 0 {
+        return None;
+    }
+    Some(Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms())))
+}
+
+fn into_response(response: ApiResponse) -> Response<Body> {
+    let mut builder = Response::builder()
+        .status(response.status)
+        .header(CONTENT_TYPE, "application/json");
+    if let Some(allow) = response.allow {
+        builder = builder.header(ALLOW, allow);
+    }
+    builder
+        .body(Body::Text(response.body_string()))
+        .unwrap_or_else(|_| Response::new(Body::Text(r#"{"error":"internal error"}"#.into())))
+}

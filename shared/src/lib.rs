@@ -1,0 +1,17 @@
+//! A distributed counting semaphore over HTTP.
+//!
+//! Dependencies point inward: entrypoints ([`lambda`], the local server) →
+//! [`api`] (HTTP mapping) → [`service`] → [`domain`] and the [`store`] trait.
+
+pub mod api;
+pub mod config;
+pub mod domain;
+pub mod error;
+pub mod keys;
+pub mod lambda;
+pub mod service;
+pub mod store;
+
+pub use api::Route;
+pub use error::Error;
+pub use service::{Limits, Service};
