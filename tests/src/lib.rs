@@ -1,1 +1,5 @@
+//! Test support shared by the behavioural, concurrency and fault-injection
+//! suites and the benchmark: DynamoDB Local connection, an in-process API
+//! client, and the stores under test.
 
+pub mod harness;
