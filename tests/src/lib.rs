@@ -2,4 +2,5 @@
 //! suites and the benchmark: DynamoDB Local connection, an in-process API
 //! client, and the stores under test.
 
+pub mod counting;
 pub mod harness;
