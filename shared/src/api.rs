@@ -326,7 +326,7 @@ fn grant_body(grant: &Grant) -> Value {
 
 /// Whole seconds as a JSON integer, fractions as a JSON float.
 fn seconds_value(ms: u64) -> Value {
-    if ms % 1000 == 0 {
+    if ms.is_multiple_of(1000) {
         Value::from(ms / 1000)
     } else {
         Number::from_f64(ms as f64 / 1000.0).map_or(Value::Null, Value::Number)
@@ -348,18 +348,45 @@ mod tests {
     #[test]
     fn routes_resolve_like_api_gateway() {
         let id = "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01";
-        assert_eq!(resolve("PUT", &format!("/l/{id}")), Ok((Route::Register, id)));
-        assert_eq!(resolve("GET", &format!("/l/{id}?x=1")), Ok((Route::Inspect, id)));
-        assert_eq!(resolve("DELETE", &format!("/l/{id}")), Ok((Route::Delete, id)));
-        assert_eq!(resolve("POST", &format!("/l/{id}/borrow")), Ok((Route::Borrow, id)));
-        assert_eq!(resolve("POST", &format!("/l/{id}/return")), Ok((Route::Return, id)));
-        assert_eq!(resolve("GET", "/l/not-a-uuid"), Ok((Route::Inspect, "not-a-uuid")));
-        for path in ["/", "/l", "/l/", "/x/1", &format!("/l/{id}/renew"), &format!("/l/{id}/borrow/x")] {
+        assert_eq!(
+            resolve("PUT", &format!("/l/{id}")),
+            Ok((Route::Register, id))
+        );
+        assert_eq!(
+            resolve("GET", &format!("/l/{id}?x=1")),
+            Ok((Route::Inspect, id))
+        );
+        assert_eq!(
+            resolve("DELETE", &format!("/l/{id}")),
+            Ok((Route::Delete, id))
+        );
+        assert_eq!(
+            resolve("POST", &format!("/l/{id}/borrow")),
+            Ok((Route::Borrow, id))
+        );
+        assert_eq!(
+            resolve("POST", &format!("/l/{id}/return")),
+            Ok((Route::Return, id))
+        );
+        assert_eq!(
+            resolve("GET", "/l/not-a-uuid"),
+            Ok((Route::Inspect, "not-a-uuid"))
+        );
+        for path in [
+            "/",
+            "/l",
+            "/l/",
+            "/x/1",
+            &format!("/l/{id}/renew"),
+            &format!("/l/{id}/borrow/x"),
+        ] {
             assert_eq!(resolve("GET", path), Err(Error::RouteNotFound), "{path}");
         }
         assert!(matches!(
             resolve("POST", &format!("/l/{id}")),
-            Err(Error::MethodNotAllowed { allow: "PUT, GET, DELETE" })
+            Err(Error::MethodNotAllowed {
+                allow: "PUT, GET, DELETE"
+            })
         ));
         assert!(matches!(
             resolve("GET", &format!("/l/{id}/borrow")),
@@ -380,7 +407,10 @@ mod tests {
     #[test]
     fn ids_parse_in_any_case() {
         let upper = parse_pool_id("9F1C2E7A-5B3D-4C8E-A1F0-6D2B9C4E7A01").unwrap();
-        assert_eq!(upper.to_hyphenated(), "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01");
+        assert_eq!(
+            upper.to_hyphenated(),
+            "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01"
+        );
         assert!(is_bad(parse_pool_id("9f1c2e7a")));
         assert!(is_bad(parse_pool_id("")));
     }
@@ -442,8 +472,16 @@ mod tests {
     #[test]
     fn lease_rules() {
         let l = parse_lease(&obj(r#"{"lease":"3A7D0B14-9E2C-4F6A-8B1D-0C5E2F9A7B34"}"#)).unwrap();
-        assert_eq!(l.0.hyphenated().to_string(), "3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34");
-        for body in [r#"{}"#, r#"{"lease":"x"}"#, r#"{"lease":1}"#, r#"{"lease":null}"#] {
+        assert_eq!(
+            l.0.hyphenated().to_string(),
+            "3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"
+        );
+        for body in [
+            r#"{}"#,
+            r#"{"lease":"x"}"#,
+            r#"{"lease":1}"#,
+            r#"{"lease":null}"#,
+        ] {
             assert!(is_bad(parse_lease(&obj(body))), "{body}");
         }
     }

@@ -52,7 +52,9 @@ fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits, St
                     .ok()
                     .filter(|s| s.is_finite() && *s > 0.0)
                     .map(|s| (s * 1000.0).round() as u64)
-                    .ok_or(format!("{name} must be a positive number of seconds, got {raw:?}")),
+                    .ok_or(format!(
+                        "{name} must be a positive number of seconds, got {raw:?}"
+                    )),
             }
         };
         Ok(Limits {
@@ -74,7 +76,9 @@ pub async fn dynamodb_client(endpoint: Option<&str>) -> aws_sdk_dynamodb::Client
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(endpoint) = endpoint {
         loader = loader.endpoint_url(endpoint);
-        if std::env::var_os("AWS_REGION").is_none() && std::env::var_os("AWS_DEFAULT_REGION").is_none() {
+        if std::env::var_os("AWS_REGION").is_none()
+            && std::env::var_os("AWS_DEFAULT_REGION").is_none()
+        {
             loader = loader.region(Region::new("us-east-1"));
         }
         if std::env::var_os("AWS_ACCESS_KEY_ID").is_none() {
@@ -102,7 +106,12 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
-        move |name| pairs.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
+        move |name| {
+            pairs
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone())
+        }
     }
 
     #[test]
@@ -122,7 +131,11 @@ mod tests {
     #[test]
     fn bad_values_fail_at_init() {
         assert!(Config::from_lookup(lookup(&[])).is_err());
-        assert!(Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("MAX_TTL_SECONDS", "x")])).is_err());
-        assert!(Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("MAX_WAIT_SECONDS", "0")])).is_err());
+        assert!(
+            Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("MAX_TTL_SECONDS", "x")])).is_err()
+        );
+        assert!(
+            Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("MAX_WAIT_SECONDS", "0")])).is_err()
+        );
     }
 }

@@ -13,7 +13,11 @@ use crate::service::{now_ms, Service};
 
 /// Handles one request for `route`. The id comes from the `id` path parameter,
 /// or from the raw path when there is none (Function URL, `cargo lambda watch`).
-pub async fn handle(service: &Service, route: Route, request: Request) -> Result<Response<Body>, Infallible> {
+pub async fn handle(
+    service: &Service,
+    route: Route,
+    request: Request,
+) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
     let path_param = request
         .path_parameters_ref()
@@ -21,20 +25,33 @@ pub async fn handle(service: &Service, route: Route, request: Request) -> Result
         .map(str::to_owned);
     let raw_id = path_param.or_else(|| {
         let raw = request.raw_http_path();
-        let path = if raw.is_empty() { request.uri().path() } else { raw };
+        let path = if raw.is_empty() {
+            request.uri().path()
+        } else {
+            raw
+        };
         api::id_from_path(route, path).map(str::to_owned)
     });
     let response = match raw_id.as_deref() {
         None => api::error_response(&Error::RouteNotFound),
         Some(_) if request.method().as_str() != route.method() => {
-            api::error_response(&Error::MethodNotAllowed { allow: route.method() })
+            api::error_response(&Error::MethodNotAllowed {
+                allow: route.method(),
+            })
         }
         Some(id) => {
-            let deadline = request.lambda_context_ref().and_then(|c| deadline_instant(c.deadline));
+            let deadline = request
+                .lambda_context_ref()
+                .and_then(|c| deadline_instant(c.deadline));
             api::handle(service, route, id, body_bytes(request.body()), deadline).await
         }
     };
-    api::log_request(route.key(), raw_id.as_deref(), response.status, started.elapsed());
+    api::log_request(
+        route.key(),
+        raw_id.as_deref(),
+        response.status,
+        started.elapsed(),
+    );
     Ok(into_response(response))
 }
 

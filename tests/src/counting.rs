@@ -37,7 +37,13 @@ impl Counts {
     }
 
     pub fn reset(&self) {
-        for counter in [&self.loads, &self.creates, &self.replaces, &self.deletes, &self.conflicts] {
+        for counter in [
+            &self.loads,
+            &self.creates,
+            &self.replaces,
+            &self.deletes,
+            &self.conflicts,
+        ] {
             counter.store(0, Ordering::Relaxed);
         }
     }
@@ -73,7 +79,12 @@ impl PoolStore for CountingStore {
         Ok(outcome)
     }
 
-    async fn replace(&self, key: &PoolKey, pool: &Pool, expected: Version) -> Result<Replaced, StoreError> {
+    async fn replace(
+        &self,
+        key: &PoolKey,
+        pool: &Pool,
+        expected: Version,
+    ) -> Result<Replaced, StoreError> {
         self.counts.replaces.fetch_add(1, Ordering::Relaxed);
         let outcome = self.inner.replace(key, pool, expected).await?;
         if matches!(outcome, Replaced::Conflict(_)) {

@@ -95,8 +95,12 @@ impl ApiClient {
     }
 
     pub async fn register(&self, id: &str, count: u32) -> (u16, Value) {
-        self.call("PUT", &format!("/l/{id}"), &format!(r#"{{"count":{count}}}"#))
-            .await
+        self.call(
+            "PUT",
+            &format!("/l/{id}"),
+            &format!(r#"{{"count":{count}}}"#),
+        )
+        .await
     }
 
     pub async fn inspect(&self, id: &str) -> (u16, Value) {

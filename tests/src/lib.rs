@@ -3,4 +3,8 @@
 //! client, and the stores under test.
 
 pub mod counting;
+pub mod faults;
 pub mod harness;
+pub mod history;
+pub mod rng;
+pub mod workload;

@@ -52,13 +52,19 @@ async fn register_creates_then_updates(backend: Backend) {
     let id = pool_id();
     let (status, body) = api.register(&id, 4).await;
     assert_eq!(status, 200);
-    assert_eq!(body, json!({"id": id, "count": 4, "in_use": 0, "available": 4}));
+    assert_eq!(
+        body,
+        json!({"id": id, "count": 4, "in_use": 0, "available": 4})
+    );
     // The same call again is idempotent.
     assert_eq!(api.register(&id, 4).await, (200, body));
     // Any case in, hyphenated lowercase out.
     let (status, body) = api.register(&id.to_uppercase(), 6).await;
     assert_eq!(status, 200);
-    assert_eq!(body, json!({"id": id, "count": 6, "in_use": 0, "available": 6}));
+    assert_eq!(
+        body,
+        json!({"id": id, "count": 6, "in_use": 0, "available": 6})
+    );
     assert_eq!(api.inspect(&id).await.1["count"], 6);
     // Upper bound of the range.
     assert_eq!(api.register(&id, 1000).await.1["available"], 1000);
@@ -92,16 +98,25 @@ async fn borrow_takes_lowest_free_positions(backend: Backend) {
         api.borrow(&id, 60.0, 0.0).await,
         (409, json!({"error": "no resource available"}))
     );
-    assert!(start.elapsed() < Duration::from_secs(1), "wait 0 fails at once");
+    assert!(
+        start.elapsed() < Duration::from_secs(1),
+        "wait 0 fails at once"
+    );
     // The freed position is the next one handed out.
-    assert_eq!(api.return_lease(&id, &leases[1]).await.1, json!({"returned": true}));
+    assert_eq!(
+        api.return_lease(&id, &leases[1]).await.1,
+        json!({"returned": true})
+    );
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.1["position"], 1);
     assert_eq!(api.return_lease(&id, &leases[0]).await.1["returned"], true);
     assert_eq!(api.return_lease(&id, &leases[2]).await.1["returned"], true);
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.1["position"], 0);
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.1["position"], 2);
     let state = api.inspect(&id).await.1;
-    assert_eq!((state["in_use"].clone(), state["available"].clone()), (json!(3), json!(0)));
+    assert_eq!(
+        (state["in_use"].clone(), state["available"].clone()),
+        (json!(3), json!(0))
+    );
 }
 
 async fn borrow_response_reports_expiry(backend: Backend) {
@@ -112,7 +127,12 @@ async fn borrow_response_reports_expiry(backend: Backend) {
     let (status, body) = api.borrow(&id, 30.0, 0.0).await;
     let after = semaphore::service::now_ms();
     assert_eq!(status, 200);
-    let keys: Vec<&str> = body.as_object().unwrap().keys().map(String::as_str).collect();
+    let keys: Vec<&str> = body
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(keys, ["lease", "position", "expires_at_unix", "expires_in"]);
     assert_eq!(body["expires_in"], 30);
     let at = body["expires_at_unix"].as_u64().unwrap();
@@ -162,12 +182,31 @@ async fn return_is_idempotent(backend: Backend) {
     let lease = lease_of(&api.borrow(&id, 60.0, 0.0).await.1).await;
     let foreign = lease_of(&api.borrow(&other, 60.0, 0.0).await.1).await;
     let no = json!({"returned": false});
-    assert_eq!(api.return_lease(&id, &foreign).await, (200, no.clone()), "another pool's lease");
-    assert_eq!(api.return_lease(&id, &uuid::Uuid::new_v4().to_string()).await, (200, no.clone()));
-    assert_eq!(api.return_lease(&id, &lease.to_uppercase()).await, (200, json!({"returned": true})));
-    assert_eq!(api.return_lease(&id, &lease).await, (200, no), "already returned");
+    assert_eq!(
+        api.return_lease(&id, &foreign).await,
+        (200, no.clone()),
+        "another pool's lease"
+    );
+    assert_eq!(
+        api.return_lease(&id, &uuid::Uuid::new_v4().to_string())
+            .await,
+        (200, no.clone())
+    );
+    assert_eq!(
+        api.return_lease(&id, &lease.to_uppercase()).await,
+        (200, json!({"returned": true}))
+    );
+    assert_eq!(
+        api.return_lease(&id, &lease).await,
+        (200, no),
+        "already returned"
+    );
     assert_eq!(api.inspect(&id).await.1["in_use"], 0);
-    assert_eq!(api.inspect(&other).await.1["in_use"], 1, "foreign lease untouched");
+    assert_eq!(
+        api.inspect(&other).await.1["in_use"],
+        1,
+        "foreign lease untouched"
+    );
 }
 
 async fn delete_removes_pool_and_leases(backend: Backend) {
@@ -181,7 +220,10 @@ async fn delete_removes_pool_and_leases(backend: Backend) {
     assert_eq!(api.delete(&id).await, (200, json!({"deleted": false})));
     // A later PUT starts an empty pool; the old lease means nothing there.
     assert_eq!(api.register(&id, 2).await.1["in_use"], 0);
-    assert_eq!(api.return_lease(&id, &lease).await, (200, json!({"returned": false})));
+    assert_eq!(
+        api.return_lease(&id, &lease).await,
+        (200, json!({"returned": false}))
+    );
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.1["position"], 0);
 }
 
@@ -194,8 +236,16 @@ async fn expired_leases_free_their_slots(backend: Backend) {
     assert_eq!(api.inspect(&id).await.1["in_use"], 2);
     tokio::time::sleep(Duration::from_millis(250)).await;
     assert_eq!(api.inspect(&id).await.1["in_use"], 1);
-    assert_eq!(api.return_lease(&id, &short).await.1["returned"], false, "expired");
-    assert_eq!(api.borrow(&id, 60.0, 0.0).await.1["position"], 0, "expired slot is next");
+    assert_eq!(
+        api.return_lease(&id, &short).await.1["returned"],
+        false,
+        "expired"
+    );
+    assert_eq!(
+        api.borrow(&id, 60.0, 0.0).await.1["position"],
+        0,
+        "expired slot is next"
+    );
 }
 
 async fn shrink_keeps_live_leases(backend: Backend) {
@@ -214,7 +264,11 @@ async fn shrink_keeps_live_leases(backend: Backend) {
     assert_eq!(api.return_lease(&id, &leases[0]).await.1["returned"], true);
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.0, 409);
     assert_eq!(api.return_lease(&id, &leases[1]).await.1["returned"], true);
-    assert_eq!(api.borrow(&id, 60.0, 0.0).await.0, 409, "position 2 still held");
+    assert_eq!(
+        api.borrow(&id, 60.0, 0.0).await.0,
+        409,
+        "position 2 still held"
+    );
     assert_eq!(api.return_lease(&id, &leases[2]).await.1["returned"], true);
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.1["position"], 0);
     assert_eq!(api.borrow(&id, 60.0, 0.0).await.0, 409);
@@ -251,14 +305,20 @@ async fn wait_is_woken_by_return(backend: Backend) {
     let held = lease_of(&api.borrow(&id, 60.0, 0.0).await.1).await;
     let waiter = spawn_waiter(&api, &id, 5.0);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!waiter.is_finished(), "waiter must block while the pool is full");
+    assert!(
+        !waiter.is_finished(),
+        "waiter must block while the pool is full"
+    );
     let returned_at = Instant::now();
     assert_eq!(api.return_lease(&id, &held).await.1["returned"], true);
     let ((status, body), granted_at) = waiter.await.unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["position"], 0);
     let delay = granted_at.duration_since(returned_at);
-    assert!(delay < Duration::from_millis(500), "woken {delay:?} after the return");
+    assert!(
+        delay < Duration::from_millis(500),
+        "woken {delay:?} after the return"
+    );
 }
 
 async fn wait_is_woken_by_expiry(backend: Backend) {
@@ -330,7 +390,10 @@ async fn inspect_never_reveals_leases(backend: Backend) {
     let lease = lease_of(&api.borrow(&id, 60.0, 0.0).await.1).await;
     let (status, body) = api.inspect(&id).await;
     assert_eq!(status, 200);
-    assert_eq!(body, json!({"id": id, "count": 2, "in_use": 1, "available": 1}));
+    assert_eq!(
+        body,
+        json!({"id": id, "count": 2, "in_use": 1, "available": 1})
+    );
     assert!(!body.to_string().contains(&lease));
 }
 
@@ -347,7 +410,11 @@ async fn bad_input_is_400_json(backend: Backend) {
         ("GET", "/l/nope".into(), ""),
         ("DELETE", "/l/1234".into(), ""),
         ("POST", "/l/nope/borrow".into(), r#"{"ttl":1}"#),
-        ("POST", "/l/nope/return".into(), &r#"{"lease":"3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"}"#),
+        (
+            "POST",
+            "/l/nope/return".into(),
+            &r#"{"lease":"3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"}"#,
+        ),
         // Register bodies.
         ("PUT", pool.clone(), ""),
         ("PUT", pool.clone(), "{"),
@@ -378,7 +445,10 @@ async fn bad_input_is_400_json(backend: Backend) {
     for (method, path, body) in &cases {
         let (status, response) = api.call(method, path, body).await;
         assert_eq!(status, 400, "{method} {path} {body:?} → {response}");
-        assert!(response["error"].as_str().is_some_and(|e| !e.is_empty()), "{response}");
+        assert!(
+            response["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{response}"
+        );
     }
     // Nothing was half-written by the bad requests.
     assert_eq!(
@@ -386,8 +456,18 @@ async fn bad_input_is_400_json(backend: Backend) {
         json!({"id": id, "count": 1, "in_use": 0, "available": 1})
     );
     // Unknown fields are ignored.
-    assert_eq!(api.call("PUT", &pool, r#"{"count":2,"colour":"red"}"#).await.0, 200);
-    assert_eq!(api.call("POST", &borrow, r#"{"ttl":5,"extra":[1]}"#).await.0, 200);
+    assert_eq!(
+        api.call("PUT", &pool, r#"{"count":2,"colour":"red"}"#)
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        api.call("POST", &borrow, r#"{"ttl":5,"extra":[1]}"#)
+            .await
+            .0,
+        200
+    );
 }
 
 async fn routes_and_methods(backend: Backend) {

@@ -34,7 +34,12 @@ async fn uncontended_operations_stay_within_their_call_budget() {
     let body = calls!(counts, "borrow", 2, api.borrow(&id, 60.0, 0.0));
     let lease = body["lease"].as_str().unwrap().to_string();
     calls!(counts, "return", 2, api.return_lease(&id, &lease));
-    calls!(counts, "return (already returned)", 1, api.return_lease(&id, &lease));
+    calls!(
+        counts,
+        "return (already returned)",
+        1,
+        api.return_lease(&id, &lease)
+    );
     calls!(counts, "delete", 1, api.delete(&id));
     assert_eq!(counts.conflicts(), 0);
 }

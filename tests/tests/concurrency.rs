@@ -13,7 +13,10 @@ const CONTAINERS: usize = 4;
 async fn containers() -> Vec<Arc<ApiClient>> {
     let mut out = Vec::new();
     for _ in 0..CONTAINERS {
-        out.push(Arc::new(ApiClient::new(dynamodb_store().await, Limits::default())));
+        out.push(Arc::new(ApiClient::new(
+            dynamodb_store().await,
+            Limits::default(),
+        )));
     }
     out
 }
@@ -79,7 +82,10 @@ async fn cycling_borrowers_never_share_a_position() {
                     let to = Instant::now();
                     let lease = body["lease"].as_str().unwrap();
                     let (status, returned) = api.return_lease(&id, lease).await;
-                    assert_eq!((status, &returned["returned"]), (200, &serde_json::json!(true)));
+                    assert_eq!(
+                        (status, &returned["returned"]),
+                        (200, &serde_json::json!(true))
+                    );
                     holds.push(Hold {
                         position: body["position"].as_u64().unwrap(),
                         from,

@@ -7,5 +7,8 @@ use semaphore::{config, lambda, Route};
 async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
     let service = config::service_from_env().await?;
-    lambda_http::run(service_fn(|request| lambda::handle(&service, Route::Delete, request))).await
+    lambda_http::run(service_fn(|request| {
+        lambda::handle(&service, Route::Delete, request)
+    }))
+    .await
 }

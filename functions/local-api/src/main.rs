@@ -38,7 +38,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
-            "--port" => port = Some(value()?.parse::<u16>().map_err(|e| format!("--port: {e}"))?),
+            "--port" => {
+                port = Some(
+                    value()?
+                        .parse::<u16>()
+                        .map_err(|e| format!("--port: {e}"))?,
+                )
+            }
             "--dynamodb" => url = Some(value()?),
             "--table" => table = Some(value()?),
             "-h" | "--help" => return Err(String::new()),
@@ -79,7 +85,10 @@ async fn main() -> ExitCode {
 async fn run(args: Args) -> Result<(), String> {
     let limits = config::limits_from_env()?;
     let (store, described): (Arc<dyn PoolStore>, String) = match &args.dynamodb {
-        None => (Arc::new(MemoryStore::new()), "embedded in-memory store".into()),
+        None => (
+            Arc::new(MemoryStore::new()),
+            "embedded in-memory store".into(),
+        ),
         Some((url, table)) => {
             let client = config::dynamodb_client(Some(url)).await;
             dynamodb::ensure_table(&client, table)
@@ -125,13 +134,14 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(term) => term,
-            Err(_) => {
-                let _ = ctrl_c.await;
-                return;
-            }
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}
@@ -141,13 +151,19 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn serve(service: Arc<Service>, request: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn serve(
+    service: Arc<Service>,
+    request: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
     let (route_key, raw_id, response) = match api::resolve(&method, &path) {
         Ok((route, id)) => {
-            let response = match Limited::new(request.into_body(), MAX_BODY_BYTES).collect().await {
+            let response = match Limited::new(request.into_body(), MAX_BODY_BYTES)
+                .collect()
+                .await
+            {
                 Ok(body) => api::handle(&service, route, id, &body.to_bytes(), None).await,
                 Err(_) => ApiResponse {
                     status: 413,
@@ -168,7 +184,11 @@ async fn serve(service: Arc<Service>, request: Request<Incoming>) -> Result<Resp
     }
     Ok(builder
         .body(Full::new(Bytes::from(response.body_string())))
-        .unwrap_or_else(|_| Response::new(Full::new(Bytes::from_static(b"{\"error\":\"internal error\"}")))))
+        .unwrap_or_else(|_| {
+            Response::new(Full::new(Bytes::from_static(
+                b"{\"error\":\"internal error\"}",
+            )))
+        }))
 }
 
 #[cfg(test)]
@@ -181,7 +201,13 @@ mod tests {
 
     #[test]
     fn parses_the_fixed_interface() {
-        assert_eq!(args("--port 3000"), Ok(Args { port: 3000, dynamodb: None }));
+        assert_eq!(
+            args("--port 3000"),
+            Ok(Args {
+                port: 3000,
+                dynamodb: None
+            })
+        );
         assert_eq!(
             args("--port 1 --dynamodb http://x:8000 --table t"),
             Ok(Args {

@@ -77,9 +77,16 @@ fn full_session(server: &Server) {
     let (status, head, body) = server.request("PUT", &pool, r#"{"count": 2}"#);
     assert_eq!(status, 200);
     assert!(head.contains("content-type: application/json"), "{head}");
-    assert_eq!(body, json!({"id": id, "count": 2, "in_use": 0, "available": 2}));
+    assert_eq!(
+        body,
+        json!({"id": id, "count": 2, "in_use": 0, "available": 2})
+    );
 
-    let (status, _, lease) = server.request("POST", &format!("{pool}/borrow"), r#"{"ttl": 30, "wait": 1}"#);
+    let (status, _, lease) = server.request(
+        "POST",
+        &format!("{pool}/borrow"),
+        r#"{"ttl": 30, "wait": 1}"#,
+    );
     assert_eq!(status, 200);
     assert_eq!(lease["position"], 0);
     assert_eq!(lease["expires_in"], 30);
@@ -87,8 +94,14 @@ fn full_session(server: &Server) {
     assert_eq!(body["in_use"], 1);
 
     let ret = format!(r#"{{"lease": "{}"}}"#, lease["lease"].as_str().unwrap());
-    assert_eq!(server.request("POST", &format!("{pool}/return"), &ret).2, json!({"returned": true}));
-    assert_eq!(server.request("POST", &format!("{pool}/return"), &ret).2, json!({"returned": false}));
+    assert_eq!(
+        server.request("POST", &format!("{pool}/return"), &ret).2,
+        json!({"returned": true})
+    );
+    assert_eq!(
+        server.request("POST", &format!("{pool}/return"), &ret).2,
+        json!({"returned": false})
+    );
 
     let (status, head, body) = server.request("POST", &pool, "{}");
     assert_eq!(status, 405);
@@ -103,7 +116,10 @@ fn full_session(server: &Server) {
     let (status, _, _) = server.request("PUT", &pool, &"x".repeat(70_000));
     assert_eq!(status, 413);
 
-    assert_eq!(server.request("DELETE", &pool, "").2, json!({"deleted": true}));
+    assert_eq!(
+        server.request("DELETE", &pool, "").2,
+        json!({"deleted": true})
+    );
     assert_eq!(server.request("GET", &pool, "").0, 404);
 }
 

@@ -20,8 +20,8 @@ use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
-    ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
-    ScalarAttributeType, TableStatus,
+    ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
+    TableStatus,
 };
 use aws_sdk_dynamodb::Client;
 
@@ -288,7 +288,10 @@ fn encode(key: &PoolKey, pool: &Pool, version: Version) -> Item {
     let mut item = HashMap::with_capacity(4);
     item.insert(PK.to_string(), AttributeValue::S(key.to_hex()));
     item.insert(VERSION.to_string(), AttributeValue::N(version.to_string()));
-    item.insert(COUNT.to_string(), AttributeValue::N(pool.count().to_string()));
+    item.insert(
+        COUNT.to_string(),
+        AttributeValue::N(pool.count().to_string()),
+    );
     if !pool.leases().is_empty() {
         item.insert(
             LEASES.to_string(),
@@ -299,7 +302,8 @@ fn encode(key: &PoolKey, pool: &Pool, version: Version) -> Item {
 }
 
 fn decode(item: &Item) -> Result<Versioned, StoreError> {
-    let corrupt = |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("pool item: {what}"));
+    let corrupt =
+        |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("pool item: {what}"));
     let number = |name: &str| -> Result<u64, StoreError> {
         match item.get(name) {
             Some(AttributeValue::N(n)) => n.parse().map_err(|_| corrupt(name)),
@@ -333,7 +337,7 @@ fn pack(leases: &[Lease]) -> Vec<u8> {
 }
 
 fn unpack(bytes: &[u8]) -> Option<Vec<Lease>> {
-    if bytes.len() % LEASE_BYTES != 0 {
+    if !bytes.len().is_multiple_of(LEASE_BYTES) {
         return None;
     }
     bytes
