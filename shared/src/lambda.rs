@@ -55,6 +55,27 @@ pub async fn handle(
     Ok(into_response(response))
 }
 
+/// The HTTP API's `$default` route: whatever matched no route. API Gateway
+/// would answer a bare `{"message":"Not Found"}`; the contract wants JSON
+/// errors and a 405 for a known path with the wrong method.
+pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
+    let started = Instant::now();
+    let raw = request.raw_http_path();
+    let path = if raw.is_empty() {
+        request.uri().path()
+    } else {
+        raw
+    };
+    let err = match api::resolve(request.method().as_str(), path) {
+        Err(err) => err,
+        // A routable request should never reach `$default`.
+        Ok(_) => Error::RouteNotFound,
+    };
+    let response = api::error_response(&err);
+    api::log_request("$default", None, response.status, started.elapsed());
+    Ok(into_response(response))
+}
+
 fn body_bytes(body: &Body) -> &[u8] {
     match body {
         Body::Empty => &[],

@@ -407,7 +407,7 @@ impl PoolModel {
         let mut leases = Vec::new();
         let mut unknown = Vec::new();
         for &i in members {
-            let Call::Borrow { ttl_ms, .. } = ops[i].call else {
+            let Call::Borrow { ttl_ms: asked_ttl_ms, .. } = ops[i].call else {
                 continue;
             };
             let (invoke, response) = window(i);
@@ -459,7 +459,7 @@ impl PoolModel {
                     leases.push(record);
                 }
                 Outcome::Unknown => {
-                    let ttl = (*ttl_ms).clamp(1, checker.config.max_ttl_ms);
+                    let ttl = asked_ttl_ms.clamp(1, checker.config.max_ttl_ms);
                     let end = surely_deleted_by(response).map_or(response + ttl, |d| d.min(response + ttl));
                     unknown.push((invoke, end));
                 }

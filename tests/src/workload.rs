@@ -1,0 +1,310 @@
+//! A seeded random workload: concurrent clients send a random mix of every
+//! call, through the HTTP layer, to service instances picked at random (as API
+//! Gateway spreads requests over Lambda containers), on a few pools. Every
+//! call is recorded for the history checker.
+//!
+//! The seed fixes each client's sequence of choices; timing (and so the
+//! interleaving) still varies between runs.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use semaphore::service::now_ms;
+
+use crate::harness::ApiClient;
+use crate::history::{Call, History, Op};
+use crate::rng::Rng;
+
+/// The shape of a run.
+#[derive(Clone, Debug)]
+pub struct Workload {
+    pub seed: u64,
+    pub clients: usize,
+    pub pools: usize,
+    /// Calls to send in all (setup included).
+    pub operations: usize,
+    /// Borrow ttl range, ms (inclusive).
+    pub ttl_ms: (u64, u64),
+    /// Waiting borrows' wait range, ms (inclusive).
+    pub wait_ms: (u64, u64),
+    /// Registers pick a count in `0 ..= max_count` (initial ones ≥ 1).
+    pub max_count: u32,
+    /// Pause between a client's calls: `0 ..= think_ms`.
+    pub think_ms: u64,
+    /// Relative weights of the call kinds, in [`Kind`] order.
+    pub weights: [u32; KINDS],
+}
+
+pub const KINDS: usize = 9;
+
+/// What a client does next (index into `Workload::weights`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    BorrowNow = 0,
+    BorrowWaiting,
+    ReturnOwn,
+    ReturnStale,
+    ReturnForeign,
+    ReturnRandom,
+    Resize,
+    Inspect,
+    DeleteAndRegister,
+}
+
+const ALL_KINDS: [Kind; KINDS] = [
+    Kind::BorrowNow,
+    Kind::BorrowWaiting,
+    Kind::ReturnOwn,
+    Kind::ReturnStale,
+    Kind::ReturnForeign,
+    Kind::ReturnRandom,
+    Kind::Resize,
+    Kind::Inspect,
+    Kind::DeleteAndRegister,
+];
+
+impl Workload {
+    /// Short leases (so expiries happen mid-run) on small pools (so borrowers
+    /// contend and wait).
+    pub fn new(seed: u64, operations: usize) -> Self {
+        Workload {
+            seed,
+            clients: 16,
+            pools: 3,
+            operations,
+            ttl_ms: (50, 400),
+            wait_ms: (50, 600),
+            max_count: 5,
+            think_ms: 10,
+            weights: [24, 18, 24, 4, 4, 3, 7, 8, 1],
+        }
+    }
+}
+
+/// A finished run.
+pub struct Run {
+    pub ops: Vec<Op>,
+    /// The pools' UUIDs as registered.
+    pub pools: Vec<String>,
+    pub elapsed: Duration,
+}
+
+/// Runs `workload` over `instances` and returns everything recorded.
+/// Client ids are `0 .. clients`; the setup registers are client `clients`.
+pub async fn run(workload: &Workload, instances: &[Arc<ApiClient>]) -> Run {
+    let started = Instant::now();
+    let history = Arc::new(History::new());
+    let mut rng = Rng::fork(workload.seed, u64::MAX);
+    // Random (not seeded) ids: a rerun with the same seed against the same
+    // DynamoDB Local must not find the previous run's pools.
+    let pools: Arc<Vec<String>> = Arc::new(
+        (0..workload.pools)
+            .map(|_| uuid::Uuid::new_v4().to_string())
+            .collect(),
+    );
+    for pool in pools.iter() {
+        let count = rng.range(1, u64::from(workload.max_count)) as u32;
+        call(&instances[0], &history, workload.clients, pool, Call::Register { count }).await;
+    }
+    let sent = Arc::new(AtomicUsize::new(history.len()));
+    let tasks: Vec<_> = (0..workload.clients)
+        .map(|client| {
+            let mut state = Client {
+                id: client,
+                rng: Rng::fork(workload.seed, client as u64),
+                workload: workload.clone(),
+                instances: instances.to_vec(),
+                history: history.clone(),
+                pools: pools.clone(),
+                held: Vec::new(),
+                stale: Vec::new(),
+            };
+            let sent = sent.clone();
+            tokio::spawn(async move {
+                while sent.fetch_add(1, Ordering::Relaxed) < state.workload.operations {
+                    state.step().await;
+                    let pause = state.rng.range(0, state.workload.think_ms);
+                    tokio::time::sleep(Duration::from_millis(pause)).await;
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        if let Err(err) = task.await {
+            std::panic::resume_unwind(err.into_panic());
+        }
+    }
+    Run {
+        ops: history.snapshot(),
+        pools: pools.to_vec(),
+        elapsed: started.elapsed(),
+    }
+}
+
+/// Sends one call through routing and the handler, as the local server does,
+/// and records it. Returns the status and body.
+pub async fn call(
+    api: &ApiClient,
+    history: &History,
+    client: usize,
+    pool: &str,
+    what: Call,
+) -> (u16, serde_json::Value) {
+    let (method, path, body) = match &what {
+        Call::Register { count } => ("PUT", format!("/l/{pool}"), format!(r#"{{"count":{count}}}"#)),
+        Call::Inspect => ("GET", format!("/l/{pool}"), String::new()),
+        Call::Delete => ("DELETE", format!("/l/{pool}"), String::new()),
+        Call::Borrow { ttl_ms, wait_ms } => (
+            "POST",
+            format!("/l/{pool}/borrow"),
+            format!(r#"{{"ttl":{},"wait":{}}}"#, seconds(*ttl_ms), seconds(*wait_ms)),
+        ),
+        Call::Return { lease } => ("POST", format!("/l/{pool}/return"), format!(r#"{{"lease":"{lease}"}}"#)),
+    };
+    let invoke_ms = now_ms();
+    let response = api.raw(method, &path, body.as_bytes(), None).await;
+    let response_ms = now_ms();
+    history.record(Op {
+        client,
+        pool: pool.to_string(),
+        call: what,
+        status: response.status,
+        body: response.body.clone(),
+        invoke_ms,
+        response_ms,
+    });
+    (response.status, response.body)
+}
+
+/// Milliseconds as the JSON seconds the API takes (fractions allowed).
+fn seconds(ms: u64) -> String {
+    format!("{}.{:03}", ms / 1000, ms % 1000)
+}
+
+/// A lease a client got: its pool (index), UUID, and when it surely expired.
+#[derive(Clone, Debug)]
+struct Held {
+    pool: usize,
+    lease: String,
+    expired_by_ms: u64,
+}
+
+struct Client {
+    id: usize,
+    rng: Rng,
+    workload: Workload,
+    instances: Vec<Arc<ApiClient>>,
+    history: Arc<History>,
+    pools: Arc<Vec<String>>,
+    held: Vec<Held>,
+    /// Returned or expired leases, for stale and foreign returns.
+    stale: Vec<Held>,
+}
+
+impl Client {
+    async fn step(&mut self) {
+        let now = now_ms();
+        let (expired, live): (Vec<Held>, Vec<Held>) =
+            self.held.drain(..).partition(|h| h.expired_by_ms <= now);
+        self.held = live;
+        for lease in expired {
+            self.retire(lease);
+        }
+        let kind = ALL_KINDS[self.rng.weighted(&self.workload.weights)];
+        let pool = self.rng.range(0, self.pools.len() as u64 - 1) as usize;
+        match kind {
+            Kind::BorrowNow | Kind::BorrowWaiting => {
+                let wait_ms = match kind {
+                    Kind::BorrowWaiting => self.rng.range(self.workload.wait_ms.0, self.workload.wait_ms.1),
+                    _ => 0,
+                };
+                self.borrow(pool, wait_ms).await;
+            }
+            Kind::ReturnOwn if !self.held.is_empty() => {
+                let k = self.rng.range(0, self.held.len() as u64 - 1) as usize;
+                let lease = self.held.swap_remove(k);
+                self.send(lease.pool, Call::Return { lease: lease.lease.clone() }).await;
+                self.retire(lease);
+            }
+            Kind::ReturnOwn => self.borrow(pool, 0).await,
+            Kind::ReturnStale => match self.rng.pick(&self.stale).cloned() {
+                Some(lease) => {
+                    self.send(lease.pool, Call::Return { lease: lease.lease }).await;
+                }
+                None => self.inspect(pool).await,
+            },
+            Kind::ReturnForeign => {
+                let foreign: Vec<Held> = self
+                    .held
+                    .iter()
+                    .chain(&self.stale)
+                    .filter(|h| h.pool != pool)
+                    .cloned()
+                    .collect();
+                let lease = match self.rng.pick(&foreign) {
+                    Some(h) => h.lease.clone(),
+                    None => self.random_uuid(),
+                };
+                self.send(pool, Call::Return { lease }).await;
+            }
+            Kind::ReturnRandom => {
+                let lease = self.random_uuid();
+                self.send(pool, Call::Return { lease }).await;
+            }
+            Kind::Resize => {
+                let count = self.rng.range(0, u64::from(self.workload.max_count)) as u32;
+                self.send(pool, Call::Register { count }).await;
+            }
+            Kind::Inspect => self.inspect(pool).await,
+            Kind::DeleteAndRegister => {
+                self.send(pool, Call::Delete).await;
+                let count = self.rng.range(1, u64::from(self.workload.max_count)) as u32;
+                self.send(pool, Call::Register { count }).await;
+            }
+        }
+    }
+
+    async fn borrow(&mut self, pool: usize, wait_ms: u64) {
+        let ttl_ms = self.rng.range(self.workload.ttl_ms.0, self.workload.ttl_ms.1);
+        let (status, body) = self.send(pool, Call::Borrow { ttl_ms, wait_ms }).await;
+        let lease = body["lease"].as_str().map(str::to_owned);
+        let ttl = body["expires_in"].as_f64();
+        if let (200, Some(lease), Some(ttl)) = (status, lease, ttl) {
+            self.held.push(Held {
+                pool,
+                lease,
+                expired_by_ms: now_ms() + (ttl * 1000.0).round() as u64,
+            });
+        }
+    }
+
+    async fn inspect(&mut self, pool: usize) {
+        self.send(pool, Call::Inspect).await;
+    }
+
+    fn retire(&mut self, lease: Held) {
+        if self.stale.len() >= 32 {
+            let k = self.rng.range(0, 31) as usize;
+            self.stale.swap_remove(k);
+        }
+        self.stale.push(lease);
+    }
+
+    fn random_uuid(&mut self) -> String {
+        let bytes = (u128::from(self.rng.next_u64()) << 64 | u128::from(self.rng.next_u64())).to_le_bytes();
+        uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+    }
+
+    /// One call on a random instance; the pool id is sometimes sent in upper
+    /// case (ids are case-insensitive).
+    async fn send(&mut self, pool: usize, what: Call) -> (u16, serde_json::Value) {
+        let instance = self.rng.range(0, self.instances.len() as u64 - 1) as usize;
+        let id = if self.rng.chance(0.05) {
+            self.pools[pool].to_uppercase()
+        } else {
+            self.pools[pool].clone()
+        };
+        call(&self.instances[instance], &self.history, self.id, &id, what).await
+    }
+}
