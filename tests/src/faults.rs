@@ -109,7 +109,12 @@ pub struct FaultyStore {
 }
 
 impl FaultyStore {
-    pub fn new(inner: Arc<dyn PoolStore>, plan: FaultPlan, seed: u64, counts: Arc<FaultCounts>) -> Self {
+    pub fn new(
+        inner: Arc<dyn PoolStore>,
+        plan: FaultPlan,
+        seed: u64,
+        counts: Arc<FaultCounts>,
+    ) -> Self {
         FaultyStore {
             inner,
             plan,
@@ -133,7 +138,10 @@ impl FaultyStore {
         } else if u < p.fail_before + p.fail_after + p.throttle {
             (Fault::Throttle, Some(&c.throttled))
         } else if u < p.fail_before + p.fail_after + p.throttle + p.delay {
-            (Fault::Delay(Duration::from_millis(delay_ms)), Some(&c.delayed))
+            (
+                Fault::Delay(Duration::from_millis(delay_ms)),
+                Some(&c.delayed),
+            )
         } else {
             (Fault::None, None)
         };

@@ -32,12 +32,19 @@ use serde_json::{Map, Value};
 /// What a client asked.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Call {
-    Register { count: u32 },
+    Register {
+        count: u32,
+    },
     Inspect,
     Delete,
     /// `ttl_ms`/`wait_ms` as sent (before the server's clamping).
-    Borrow { ttl_ms: u64, wait_ms: u64 },
-    Return { lease: String },
+    Borrow {
+        ttl_ms: u64,
+        wait_ms: u64,
+    },
+    Return {
+        lease: String,
+    },
 }
 
 impl Call {
@@ -182,7 +189,10 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> Vec<Violation> {
     for (m, model) in models.iter().enumerate() {
         for (l, lease) in model.leases.iter().enumerate() {
             if owners.insert(lease.id.as_str(), (m, l)).is_some() {
-                let message = format!("{} handed out a lease UUID already granted", checker.describe(lease.op));
+                let message = format!(
+                    "{} handed out a lease UUID already granted",
+                    checker.describe(lease.op)
+                );
                 checker.flag(Rule::BadResponse, message);
             }
         }
@@ -210,9 +220,18 @@ pub fn summary(ops: &[Op]) -> String {
 #[derive(Clone, Debug, PartialEq)]
 enum Outcome {
     /// `PUT`/`GET` 200.
-    State { count: u64, in_use: u64, available: u64 },
+    State {
+        count: u64,
+        in_use: u64,
+        available: u64,
+    },
     Deleted(bool),
-    Granted { lease: String, position: u64, expires_at_unix: u64, ttl_ms: u64 },
+    Granted {
+        lease: String,
+        position: u64,
+        expires_at_unix: u64,
+        ttl_ms: u64,
+    },
     Returned(bool),
     NotFound,
     Exhausted,
@@ -293,13 +312,23 @@ impl Spans {
         let (mut bounded, unbounded): (Vec<Span>, Vec<Span>) =
             spans.into_iter().partition(|s| s.end != u64::MAX);
         bounded.sort_by_key(|s| s.start);
-        let longest = bounded.iter().map(|s| s.end.saturating_sub(s.start)).max().unwrap_or(0);
-        Spans { bounded, longest, unbounded }
+        let longest = bounded
+            .iter()
+            .map(|s| s.end.saturating_sub(s.start))
+            .max()
+            .unwrap_or(0);
+        Spans {
+            bounded,
+            longest,
+            unbounded,
+        }
     }
 
     /// Spans covering at least one ms of the closed window `[a, b]`.
     fn touching(&self, a: u64, b: u64) -> impl Iterator<Item = &Span> + '_ {
-        let first = self.bounded.partition_point(|s| s.start < a.saturating_sub(self.longest));
+        let first = self
+            .bounded
+            .partition_point(|s| s.start < a.saturating_sub(self.longest));
         self.bounded[first..]
             .iter()
             .take_while(move |s| s.start <= b)
@@ -352,7 +381,8 @@ impl PoolModel {
             .filter(|&&i| {
                 matches!(
                     (&ops[i].call, &outcomes[i]),
-                    (Call::Register { .. }, Outcome::State { .. }) | (Call::Delete, Outcome::Deleted(_))
+                    (Call::Register { .. }, Outcome::State { .. })
+                        | (Call::Delete, Outcome::Deleted(_))
                 )
             })
             .map(|&i| window(i))
@@ -367,11 +397,20 @@ impl PoolModel {
             earliest_answer_from[k].saturating_add(1)
         };
         // Before its first register, no pool.
-        let mut regimes = vec![Regime { op: None, count: None }];
-        let mut regime_spans = vec![Span { start: 0, end: superseded_at(0), id: 0 }];
+        let mut regimes = vec![Regime {
+            op: None,
+            count: None,
+        }];
+        let mut regime_spans = vec![Span {
+            start: 0,
+            end: superseded_at(0),
+            id: 0,
+        }];
         for &i in members {
             let count = match (&ops[i].call, &outcomes[i]) {
-                (Call::Register { count }, Outcome::State { .. } | Outcome::Unknown) => Some(u64::from(*count)),
+                (Call::Register { count }, Outcome::State { .. } | Outcome::Unknown) => {
+                    Some(u64::from(*count))
+                }
                 (Call::Delete, Outcome::Deleted(_) | Outcome::Unknown) => None,
                 _ => continue,
             };
@@ -392,7 +431,9 @@ impl PoolModel {
         let surely_deleted_by = |after: u64| {
             deletes
                 .iter()
-                .filter(|&&d| matches!(outcomes[d], Outcome::Deleted(_)) && ops[d].invoke_ms > after)
+                .filter(|&&d| {
+                    matches!(outcomes[d], Outcome::Deleted(_)) && ops[d].invoke_ms > after
+                })
                 .map(|&d| ops[d].response_ms + 1)
                 .min()
         };
@@ -407,12 +448,21 @@ impl PoolModel {
         let mut leases = Vec::new();
         let mut unknown = Vec::new();
         for &i in members {
-            let Call::Borrow { ttl_ms: asked_ttl_ms, .. } = ops[i].call else {
+            let Call::Borrow {
+                ttl_ms: asked_ttl_ms,
+                ..
+            } = ops[i].call
+            else {
                 continue;
             };
             let (invoke, response) = window(i);
             match &outcomes[i] {
-                Outcome::Granted { lease, position, expires_at_unix, ttl_ms } => {
+                Outcome::Granted {
+                    lease,
+                    position,
+                    expires_at_unix,
+                    ttl_ms,
+                } => {
                     let second = expires_at_unix.saturating_mul(1000);
                     let expiry_lo = (invoke + ttl_ms).max(second);
                     let expiry_hi = (response + ttl_ms).min(second + 999);
@@ -452,7 +502,8 @@ impl PoolModel {
                             record.enders.push(Ender {
                                 op: d,
                                 from: ops[d].invoke_ms,
-                                by: (answered && ops[d].invoke_ms > response).then_some(ops[d].response_ms + 1),
+                                by: (answered && ops[d].invoke_ms > response)
+                                    .then_some(ops[d].response_ms + 1),
                             });
                         }
                     }
@@ -460,7 +511,8 @@ impl PoolModel {
                 }
                 Outcome::Unknown => {
                     let ttl = asked_ttl_ms.clamp(1, checker.config.max_ttl_ms);
-                    let end = surely_deleted_by(response).map_or(response + ttl, |d| d.min(response + ttl));
+                    let end = surely_deleted_by(response)
+                        .map_or(response + ttl, |d| d.min(response + ttl));
                     unknown.push((invoke, end));
                 }
                 _ => {}
@@ -470,18 +522,30 @@ impl PoolModel {
         let sure = leases
             .iter()
             .enumerate()
-            .map(|(id, l)| Span { start: l.sure_start(), end: l.sure_end(None), id })
+            .map(|(id, l)| Span {
+                start: l.sure_start(),
+                end: l.sure_end(None),
+                id,
+            })
             .collect();
         let n = leases.len();
         let unknown_spans: Vec<Span> = unknown
             .iter()
             .enumerate()
-            .map(|(k, &(start, end))| Span { start, end, id: n + k })
+            .map(|(k, &(start, end))| Span {
+                start,
+                end,
+                id: n + k,
+            })
             .collect();
         let maybe = leases
             .iter()
             .enumerate()
-            .map(|(id, l)| Span { start: l.grant_lo, end: l.maybe_end(None), id })
+            .map(|(id, l)| Span {
+                start: l.grant_lo,
+                end: l.maybe_end(None),
+                id,
+            })
             .chain(unknown_spans.iter().copied())
             .collect();
         PoolModel {
@@ -584,7 +648,11 @@ impl Checker<'_> {
                 if body.get("id").and_then(Value::as_str) != Some(op.pool.to_lowercase().as_str()) {
                     return Err("id is not the pool's hyphenated lowercase UUID".into());
                 }
-                let (count, in_use, available) = (uint(body, "count")?, uint(body, "in_use")?, uint(body, "available")?);
+                let (count, in_use, available) = (
+                    uint(body, "count")?,
+                    uint(body, "in_use")?,
+                    uint(body, "available")?,
+                );
                 if available != count.saturating_sub(in_use) {
                     return Err("available ≠ max(0, count − in_use)".into());
                 }
@@ -593,7 +661,11 @@ impl Checker<'_> {
                         return Err("count is not the one registered".into());
                     }
                 }
-                Ok(Outcome::State { count, in_use, available })
+                Ok(Outcome::State {
+                    count,
+                    in_use,
+                    available,
+                })
             }
             (Call::Delete, 200) => match body.get("deleted") {
                 Some(Value::Bool(deleted)) => Ok(Outcome::Deleted(*deleted)),
@@ -611,7 +683,10 @@ impl Checker<'_> {
                     .map(|s| (s * 1000.0).round() as u64)
                     .ok_or("expires_in is not a number")?;
                 if ttl_ms != (*asked).clamp(1, self.config.max_ttl_ms) {
-                    return Err(format!("expires_in is not the ttl clamped to {} ms", self.config.max_ttl_ms));
+                    return Err(format!(
+                        "expires_in is not the ttl clamped to {} ms",
+                        self.config.max_ttl_ms
+                    ));
                 }
                 Ok(Outcome::Granted {
                     lease: lease.to_lowercase(),
@@ -655,7 +730,9 @@ impl Checker<'_> {
             self.existence(model, i, &outcomes[i]);
             match (&op.call, &outcomes[i]) {
                 (Call::Return { lease }, Outcome::Returned(returned)) => {
-                    let owner = owners.get(lease.to_lowercase().as_str()).map(|&(m, l)| (&models[m], l));
+                    let owner = owners
+                        .get(lease.to_lowercase().as_str())
+                        .map(|&(m, l)| (&models[m], l));
                     self.returned(model, i, *returned, owner);
                 }
                 (Call::Borrow { .. }, Outcome::Exhausted) => self.refused(model, i),
@@ -674,7 +751,9 @@ impl Checker<'_> {
             let lease = &model.leases[l];
             if let Some(p) = previous.filter(|&p| model.leases[p].position == lease.position) {
                 let before = &model.leases[p];
-                if lease.sure_start() < before.sure_end(None) && lease.sure_start() < lease.sure_end(None) {
+                if lease.sure_start() < before.sure_end(None)
+                    && lease.sure_start() < lease.sure_end(None)
+                {
                     let message = format!(
                         "position {} held twice: {} was surely live until +{} but {} was surely live from +{}",
                         lease.position,
@@ -699,10 +778,17 @@ impl Checker<'_> {
         // Over-issue: at the write, the surely-live others plus this one fit
         // `count` for at least one placement of the write in its window.
         let (a, b) = (lease.grant_lo, lease.response);
-        let points = breakpoints(a, b, model.sure.touching(a, b).chain(model.regime_spans.touching(a, b)));
+        let points = breakpoints(
+            a,
+            b,
+            model
+                .sure
+                .touching(a, b)
+                .chain(model.regime_spans.touching(a, b)),
+        );
         let fits = points
             .iter()
-            .any(|&t| model.sure.at(t, Some(l)).count() as u64 + 1 <= model.max_count(t));
+            .any(|&t| (model.sure.at(t, Some(l)).count() as u64) < model.max_count(t));
         if !fits {
             let others = model.sure.at(a, Some(l)).count();
             let message = format!(
@@ -718,7 +804,10 @@ impl Checker<'_> {
         let (a, b) = (lease.grant_lo, lease.grant_hi);
         let points = breakpoints(a, b, model.regime_spans.touching(a, b));
         if points.iter().all(|&t| lease.position >= model.max_count(t)) {
-            let message = format!("{}: position ≥ every count then in force", self.describe(lease.op));
+            let message = format!(
+                "{}: position ≥ every count then in force",
+                self.describe(lease.op)
+            );
             self.flag(Rule::PositionOutOfRange, message);
         }
         if model.unknown.touching(a, b).next().is_some() {
@@ -734,7 +823,11 @@ impl Checker<'_> {
             .collect();
         held.sort_unstable();
         held.dedup();
-        let lowest_free = held.iter().enumerate().find(|(k, p)| *k as u64 != **p).map_or(held.len() as u64, |(k, _)| k as u64);
+        let lowest_free = held
+            .iter()
+            .enumerate()
+            .find(|(k, p)| *k as u64 != **p)
+            .map_or(held.len() as u64, |(k, _)| k as u64);
         if lowest_free < lease.position {
             let message = format!(
                 "{}: position {lowest_free} was free throughout the grant",
@@ -746,10 +839,18 @@ impl Checker<'_> {
 
     /// (c) `returned: true` only for a live lease of this pool; `false` never
     /// for one surely live.
-    fn returned(&mut self, model: &PoolModel, r: usize, returned: bool, owner: Option<(&PoolModel, usize)>) {
+    fn returned(
+        &mut self,
+        model: &PoolModel,
+        r: usize,
+        returned: bool,
+        owner: Option<(&PoolModel, usize)>,
+    ) {
         let op = &self.ops[r];
         let (invoke, response) = (op.invoke_ms, op.response_ms);
-        let mine = owner.filter(|(m, _)| m.pool == model.pool).map(|(m, l)| &m.leases[l]);
+        let mine = owner
+            .filter(|(m, _)| m.pool == model.pool)
+            .map(|(m, l)| &m.leases[l]);
         let why = match (returned, owner, mine) {
             (true, None, _) => Some("no such lease was ever granted".to_string()),
             (true, Some(_), None) => Some("the lease belongs to another pool".to_string()),
@@ -793,7 +894,14 @@ impl Checker<'_> {
         let Call::Borrow { wait_ms, .. } = self.ops[w].call else {
             return;
         };
-        let points = breakpoints(a, b, model.maybe.touching(a, b).chain(model.regime_spans.touching(a, b)));
+        let points = breakpoints(
+            a,
+            b,
+            model
+                .maybe
+                .touching(a, b)
+                .chain(model.regime_spans.touching(a, b)),
+        );
         let free = |t: u64| (model.maybe.at(t, None).count() as u64) < model.min_count(t);
         // Maximal runs [start, end) of definitely free ms.
         let mut runs: Vec<(u64, u64)> = Vec::new();
@@ -809,7 +917,8 @@ impl Checker<'_> {
         }
         let waited_until = b.min(a.saturating_add(wait_ms)) + 1;
         let lost = runs.iter().find(|&&(start, end)| {
-            (start == a && end == b + 1) || end.min(waited_until).saturating_sub(start) >= self.config.wakeup_tolerance_ms
+            (start == a && end == b + 1)
+                || end.min(waited_until).saturating_sub(start) >= self.config.wakeup_tolerance_ms
         });
         if let Some(&(start, end)) = lost {
             let message = format!(
@@ -858,7 +967,11 @@ impl Checker<'_> {
             let message = format!(
                 "{}: the pool surely {} throughout",
                 self.describe(i),
-                if needs_pool { "did not exist" } else { "existed" }
+                if needs_pool {
+                    "did not exist"
+                } else {
+                    "existed"
+                }
             );
             self.flag(Rule::WrongExistence, message);
         }
@@ -866,7 +979,9 @@ impl Checker<'_> {
 }
 
 fn uint(body: &Map<String, Value>, key: &str) -> Result<u64, String> {
-    body.get(key).and_then(Value::as_u64).ok_or(format!("{key} is not a non-negative integer"))
+    body.get(key)
+        .and_then(Value::as_u64)
+        .ok_or(format!("{key} is not a non-negative integer"))
 }
 
 fn error_body(body: &Map<String, Value>) -> Result<&str, String> {

@@ -105,7 +105,14 @@ pub async fn run(workload: &Workload, instances: &[Arc<ApiClient>]) -> Run {
     );
     for pool in pools.iter() {
         let count = rng.range(1, u64::from(workload.max_count)) as u32;
-        call(&instances[0], &history, workload.clients, pool, Call::Register { count }).await;
+        call(
+            &instances[0],
+            &history,
+            workload.clients,
+            pool,
+            Call::Register { count },
+        )
+        .await;
     }
     let sent = Arc::new(AtomicUsize::new(history.len()));
     let tasks: Vec<_> = (0..workload.clients)
@@ -152,15 +159,27 @@ pub async fn call(
     what: Call,
 ) -> (u16, serde_json::Value) {
     let (method, path, body) = match &what {
-        Call::Register { count } => ("PUT", format!("/l/{pool}"), format!(r#"{{"count":{count}}}"#)),
+        Call::Register { count } => (
+            "PUT",
+            format!("/l/{pool}"),
+            format!(r#"{{"count":{count}}}"#),
+        ),
         Call::Inspect => ("GET", format!("/l/{pool}"), String::new()),
         Call::Delete => ("DELETE", format!("/l/{pool}"), String::new()),
         Call::Borrow { ttl_ms, wait_ms } => (
             "POST",
             format!("/l/{pool}/borrow"),
-            format!(r#"{{"ttl":{},"wait":{}}}"#, seconds(*ttl_ms), seconds(*wait_ms)),
+            format!(
+                r#"{{"ttl":{},"wait":{}}}"#,
+                seconds(*ttl_ms),
+                seconds(*wait_ms)
+            ),
         ),
-        Call::Return { lease } => ("POST", format!("/l/{pool}/return"), format!(r#"{{"lease":"{lease}"}}"#)),
+        Call::Return { lease } => (
+            "POST",
+            format!("/l/{pool}/return"),
+            format!(r#"{{"lease":"{lease}"}}"#),
+        ),
     };
     let invoke_ms = now_ms();
     let response = api.raw(method, &path, body.as_bytes(), None).await;
@@ -216,7 +235,9 @@ impl Client {
         match kind {
             Kind::BorrowNow | Kind::BorrowWaiting => {
                 let wait_ms = match kind {
-                    Kind::BorrowWaiting => self.rng.range(self.workload.wait_ms.0, self.workload.wait_ms.1),
+                    Kind::BorrowWaiting => self
+                        .rng
+                        .range(self.workload.wait_ms.0, self.workload.wait_ms.1),
                     _ => 0,
                 };
                 self.borrow(pool, wait_ms).await;
@@ -224,13 +245,20 @@ impl Client {
             Kind::ReturnOwn if !self.held.is_empty() => {
                 let k = self.rng.range(0, self.held.len() as u64 - 1) as usize;
                 let lease = self.held.swap_remove(k);
-                self.send(lease.pool, Call::Return { lease: lease.lease.clone() }).await;
+                self.send(
+                    lease.pool,
+                    Call::Return {
+                        lease: lease.lease.clone(),
+                    },
+                )
+                .await;
                 self.retire(lease);
             }
             Kind::ReturnOwn => self.borrow(pool, 0).await,
             Kind::ReturnStale => match self.rng.pick(&self.stale).cloned() {
                 Some(lease) => {
-                    self.send(lease.pool, Call::Return { lease: lease.lease }).await;
+                    self.send(lease.pool, Call::Return { lease: lease.lease })
+                        .await;
                 }
                 None => self.inspect(pool).await,
             },
@@ -266,7 +294,9 @@ impl Client {
     }
 
     async fn borrow(&mut self, pool: usize, wait_ms: u64) {
-        let ttl_ms = self.rng.range(self.workload.ttl_ms.0, self.workload.ttl_ms.1);
+        let ttl_ms = self
+            .rng
+            .range(self.workload.ttl_ms.0, self.workload.ttl_ms.1);
         let (status, body) = self.send(pool, Call::Borrow { ttl_ms, wait_ms }).await;
         let lease = body["lease"].as_str().map(str::to_owned);
         let ttl = body["expires_in"].as_f64();
@@ -292,8 +322,11 @@ impl Client {
     }
 
     fn random_uuid(&mut self) -> String {
-        let bytes = (u128::from(self.rng.next_u64()) << 64 | u128::from(self.rng.next_u64())).to_le_bytes();
-        uuid::Builder::from_random_bytes(bytes).into_uuid().to_string()
+        let bytes =
+            (u128::from(self.rng.next_u64()) << 64 | u128::from(self.rng.next_u64())).to_le_bytes();
+        uuid::Builder::from_random_bytes(bytes)
+            .into_uuid()
+            .to_string()
     }
 
     /// One call on a random instance; the pool id is sometimes sent in upper

@@ -413,7 +413,7 @@ async fn bad_input_is_400_json(backend: Backend) {
         (
             "POST",
             "/l/nope/return".into(),
-            &r#"{"lease":"3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"}"#,
+            r#"{"lease":"3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"}"#,
         ),
         // Register bodies.
         ("PUT", pool.clone(), ""),

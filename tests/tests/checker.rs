@@ -1,0 +1,405 @@
+//! The history checker catches each kind of violation in hand-made histories,
+//! and passes a correct history full of overlapping in-flight calls.
+
+use semaphore_tests::history::{check, Call, CheckConfig, Op, Rule, Violation};
+use serde_json::{json, Value};
+
+const P: &str = "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01";
+const Q: &str = "0b7e4d2c-1a3f-4e5d-9c8b-7a6f5e4d3c21";
+/// A whole second, so `expires_at_unix` is easy to follow.
+const T: u64 = 1_700_000_000_000;
+
+fn lease(n: u32) -> String {
+    format!("00000000-0000-4000-8000-{n:012}")
+}
+
+fn op(client: usize, pool: &str, call: Call, status: u16, body: Value, from: u64, to: u64) -> Op {
+    Op {
+        client,
+        pool: pool.to_string(),
+        call,
+        status,
+        body,
+        invoke_ms: T + from,
+        response_ms: T + to,
+    }
+}
+
+fn register(pool: &str, count: u32, in_use: u32, from: u64, to: u64) -> Op {
+    let body = json!({"id": pool, "count": count, "in_use": in_use, "available": count.saturating_sub(in_use)});
+    op(0, pool, Call::Register { count }, 200, body, from, to)
+}
+
+fn inspect(pool: &str, count: u32, in_use: u32, from: u64, to: u64) -> Op {
+    let body = json!({"id": pool, "count": count, "in_use": in_use, "available": count.saturating_sub(in_use)});
+    op(9, pool, Call::Inspect, 200, body, from, to)
+}
+
+/// A granted borrow; the server read its clock at `from` (expiry = from + ttl).
+fn granted(
+    client: usize,
+    pool: &str,
+    n: u32,
+    position: u32,
+    ttl_ms: u64,
+    from: u64,
+    to: u64,
+) -> Op {
+    let body = json!({
+        "lease": lease(n),
+        "position": position,
+        "expires_at_unix": (T + from + ttl_ms) / 1000,
+        "expires_in": ttl_ms as f64 / 1000.0,
+    });
+    let call = Call::Borrow { ttl_ms, wait_ms: 0 };
+    op(client, pool, call, 200, body, from, to)
+}
+
+/// A borrow that waited and was granted at `granted_at`.
+fn granted_after_wait(
+    client: usize,
+    pool: &str,
+    n: u32,
+    position: u32,
+    from: u64,
+    granted_at: u64,
+    to: u64,
+) -> Op {
+    let mut op = granted(client, pool, n, position, 1000, granted_at, to);
+    op.invoke_ms = T + from;
+    op.call = Call::Borrow {
+        ttl_ms: 1000,
+        wait_ms: 500,
+    };
+    op
+}
+
+fn refused(client: usize, pool: &str, wait_ms: u64, from: u64, to: u64) -> Op {
+    let body = json!({"error": "no resource available"});
+    op(
+        client,
+        pool,
+        Call::Borrow {
+            ttl_ms: 1000,
+            wait_ms,
+        },
+        409,
+        body,
+        from,
+        to,
+    )
+}
+
+fn returned(client: usize, pool: &str, n: u32, answer: bool, from: u64, to: u64) -> Op {
+    op(
+        client,
+        pool,
+        Call::Return { lease: lease(n) },
+        200,
+        json!({"returned": answer}),
+        from,
+        to,
+    )
+}
+
+fn not_found(client: usize, pool: &str, call: Call, from: u64, to: u64) -> Op {
+    op(
+        client,
+        pool,
+        call,
+        404,
+        json!({"error": "pool not found"}),
+        from,
+        to,
+    )
+}
+
+fn deleted(pool: &str, answer: bool, from: u64, to: u64) -> Op {
+    op(
+        0,
+        pool,
+        Call::Delete,
+        200,
+        json!({"deleted": answer}),
+        from,
+        to,
+    )
+}
+
+fn strict() -> CheckConfig {
+    CheckConfig::default()
+}
+
+fn rules(violations: &[Violation]) -> Vec<Rule> {
+    violations.iter().map(|v| v.rule).collect()
+}
+
+/// Asserts `rule` is among the violations found (and prints them all).
+fn assert_flags(ops: &[Op], config: &CheckConfig, rule: Rule) -> Vec<Violation> {
+    let found = check(ops, config);
+    for v in &found {
+        eprintln!("{v}");
+    }
+    assert!(
+        rules(&found).contains(&rule),
+        "expected {rule:?}, got {found:#?}"
+    );
+    found
+}
+
+fn assert_clean(ops: &[Op], config: &CheckConfig) {
+    let found = check(ops, config);
+    assert!(found.is_empty(), "expected no violations, got:\n{found:#?}");
+}
+
+/// Concurrent borrows, a waiter woken by a return, a resize in flight while a
+/// borrow lands, stale/foreign/random returns, expiry, delete + re-register,
+/// and a short free gap a poller may miss.
+#[test]
+fn correct_history_with_overlapping_calls_passes() {
+    let ops = vec![
+        register(P, 2, 0, 0, 1),
+        register(Q, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        // In flight together with lease 1: either order of grants is possible.
+        granted(2, P, 2, 1, 1000, 12, 30),
+        // Waits from 15 and gets position 0 once lease 1 is returned.
+        granted_after_wait(3, P, 3, 0, 15, 105, 120),
+        refused(4, P, 0, 50, 52),
+        inspect(P, 2, 2, 60, 61),
+        returned(1, P, 1, true, 100, 110),
+        // The resize to 3 is in flight while lease 4 lands on position 2.
+        register(P, 3, 2, 130, 140),
+        granted(4, P, 4, 2, 300, 135, 150),
+        returned(2, P, 2, true, 200, 205),
+        returned(2, P, 2, false, 210, 211),
+        returned(1, P, 1, false, 220, 221),
+        returned(6, P, 99, false, 222, 223),
+        granted(6, Q, 5, 0, 5000, 224, 226),
+        // Lease 5 is Q's: returning it to P is a no.
+        returned(6, P, 5, false, 227, 228),
+        // Lease 4 expired at +435: position 1 is the lowest free at +500.
+        granted(7, P, 7, 1, 1000, 500, 505),
+        inspect(P, 3, 2, 506, 507),
+        deleted(P, true, 600, 610),
+        not_found(3, P, Call::Return { lease: lease(3) }, 620, 621),
+        deleted(P, false, 622, 623),
+        register(P, 1, 0, 630, 640),
+        granted(8, P, 8, 0, 100, 650, 655),
+        returned(3, P, 3, false, 660, 661),
+        // Full from +650 to lease 8's expiry at +750..755; lease 9 lands at
+        // +820, so the slot was free only ~70 ms of this wait: a poller may
+        // miss that, and the tolerance allows it.
+        refused(9, P, 300, 700, 1001),
+        granted(10, P, 9, 0, 2000, 820, 822),
+        inspect(P, 1, 1, 1100, 1101),
+    ];
+    assert_clean(&ops, &strict());
+}
+
+#[test]
+fn a_position_held_twice_is_flagged() {
+    let ops = vec![
+        register(P, 2, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        granted(2, P, 2, 0, 1000, 30, 40),
+    ];
+    assert_flags(&ops, &strict(), Rule::SharedPosition);
+}
+
+#[test]
+fn over_issue_is_flagged() {
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        granted(2, P, 2, 1, 1000, 30, 40),
+    ];
+    let found = assert_flags(&ops, &strict(), Rule::OverIssue);
+    assert!(rules(&found).contains(&Rule::PositionOutOfRange));
+}
+
+/// After a shrink, the live leases above the new count withhold borrows.
+#[test]
+fn a_grant_after_a_shrink_while_still_over_count_is_flagged() {
+    let ops = vec![
+        register(P, 2, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        granted(2, P, 2, 1, 1000, 10, 20),
+        register(P, 1, 2, 50, 60),
+        returned(1, P, 1, true, 70, 80),
+        // Lease 2 (position 1) alone fills count 1.
+        granted(3, P, 3, 0, 1000, 90, 100),
+    ];
+    assert_flags(&ops, &strict(), Rule::OverIssue);
+}
+
+#[test]
+fn a_refusal_while_a_slot_was_free_for_long_is_a_lost_wakeup() {
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        // Expires by +120; the waiter keeps waiting until +1031.
+        granted(1, P, 1, 0, 100, 10, 20),
+        refused(2, P, 1000, 30, 1031),
+    ];
+    assert_flags(&ops, &strict(), Rule::LostWakeup);
+}
+
+#[test]
+fn a_refusal_while_a_slot_was_free_for_the_whole_call_is_flagged() {
+    let ops = vec![
+        register(P, 2, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        refused(2, P, 0, 50, 52),
+    ];
+    assert_flags(&ops, &strict(), Rule::LostWakeup);
+}
+
+#[test]
+fn returned_true_for_a_dead_lease_is_flagged() {
+    let expired = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 100, 10, 20),
+        returned(1, P, 1, true, 500, 501),
+    ];
+    assert_flags(&expired, &strict(), Rule::ReturnedDeadLease);
+
+    let twice = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        returned(1, P, 1, true, 30, 40),
+        returned(1, P, 1, true, 50, 60),
+    ];
+    assert_flags(&twice, &strict(), Rule::ReturnedDeadLease);
+
+    let never_granted = vec![register(P, 1, 0, 0, 1), returned(1, P, 7, true, 30, 40)];
+    assert_flags(&never_granted, &strict(), Rule::ReturnedDeadLease);
+
+    let other_pool = vec![
+        register(P, 1, 0, 0, 1),
+        register(Q, 1, 0, 0, 1),
+        granted(1, Q, 1, 0, 1000, 10, 20),
+        returned(1, P, 1, true, 30, 40),
+    ];
+    assert_flags(&other_pool, &strict(), Rule::ReturnedDeadLease);
+
+    let deleted_pool = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        deleted(P, true, 30, 40),
+        register(P, 1, 0, 50, 60),
+        returned(1, P, 1, true, 70, 80),
+    ];
+    assert_flags(&deleted_pool, &strict(), Rule::ReturnedDeadLease);
+}
+
+#[test]
+fn returned_false_for_a_surely_live_lease_is_a_lost_lease() {
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        returned(1, P, 1, false, 30, 31),
+    ];
+    assert_flags(&ops, &strict(), Rule::LostLease);
+}
+
+#[test]
+fn a_position_above_a_surely_free_one_is_flagged() {
+    let ops = vec![
+        register(P, 3, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        granted(2, P, 2, 2, 1000, 30, 40),
+    ];
+    assert_flags(&ops, &strict(), Rule::NotLowestPosition);
+}
+
+#[test]
+fn wrong_existence_and_impossible_states_are_flagged() {
+    let vanished = vec![
+        register(P, 1, 0, 0, 1),
+        not_found(1, P, Call::Inspect, 10, 11),
+    ];
+    assert_flags(&vanished, &strict(), Rule::WrongExistence);
+
+    let ghost = vec![
+        register(P, 1, 0, 0, 1),
+        deleted(P, true, 10, 11),
+        inspect(P, 1, 0, 20, 21),
+    ];
+    assert_flags(&ghost, &strict(), Rule::WrongExistence);
+
+    let miscounted = vec![
+        register(P, 2, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 10, 20),
+        inspect(P, 2, 0, 30, 31),
+    ];
+    assert_flags(&miscounted, &strict(), Rule::ImpossibleState);
+}
+
+#[test]
+fn bad_statuses_and_bodies_are_flagged() {
+    let server_error = vec![
+        register(P, 1, 0, 0, 1),
+        op(1, P, Call::Inspect, 500, json!({"error": "boom"}), 10, 11),
+    ];
+    assert_flags(&server_error, &strict(), Rule::BadResponse);
+    let faults = CheckConfig {
+        faults: true,
+        ..strict()
+    };
+    // A 502 is expected with faults, but only with an {"error": …} body.
+    assert_clean(&server_error[..1], &faults);
+    let bad_body = vec![
+        register(P, 1, 0, 0, 1),
+        op(1, P, Call::Inspect, 502, json!({"message": "x"}), 10, 11),
+    ];
+    assert_flags(&bad_body, &faults, Rule::BadResponse);
+    let unclamped = vec![register(P, 1, 0, 0, 1), granted(1, P, 1, 0, 5000, 10, 20)];
+    let limits = CheckConfig {
+        max_ttl_ms: 1000,
+        ..strict()
+    };
+    assert_flags(&unclamped, &limits, Rule::BadResponse);
+}
+
+/// A borrow answered 502 may have stored a lease nobody knows of: a 409 while
+/// it may be live is no lost wake-up, and a 502'd return may have landed.
+#[test]
+fn unknown_outcomes_are_not_violations() {
+    let faults = CheckConfig {
+        faults: true,
+        ..strict()
+    };
+    let error = json!({"error": "database call failed; retry with backoff"});
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        op(
+            1,
+            P,
+            Call::Borrow {
+                ttl_ms: 200,
+                wait_ms: 0,
+            },
+            502,
+            error.clone(),
+            10,
+            20,
+        ),
+        refused(2, P, 0, 30, 31),
+        granted(3, P, 3, 0, 1000, 300, 310),
+        op(
+            3,
+            P,
+            Call::Return { lease: lease(3) },
+            502,
+            error.clone(),
+            320,
+            330,
+        ),
+        returned(3, P, 3, false, 340, 350),
+    ];
+    assert_clean(&ops, &faults);
+    // Without the unknown borrow, the same 409 is a lost wake-up.
+    let mut without = ops.clone();
+    without.remove(1);
+    assert_flags(&without, &faults, Rule::LostWakeup);
+}

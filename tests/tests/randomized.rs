@@ -1,0 +1,368 @@
+//! Never over-issue, never lose a lease: seeded random workloads of every call,
+//! from concurrent clients over several service instances, checked by the
+//! history checker — on the in-memory store, on DynamoDB Local, and on
+//! DynamoDB Local behind injected store faults.
+//!
+//! `SEMAPHORE_SEED=N` replays a seed's choices (printed by every run);
+//! `SEMAPHORE_SOAK=1` runs at least 100,000 operations per test.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use semaphore::api;
+use semaphore::store::{DynamoDbStore, PoolStore};
+use semaphore::Limits;
+use semaphore_tests::faults::{FaultCounts, FaultPlan, FaultyStore};
+use semaphore_tests::harness::{dynamodb_client, dynamodb_store, memory_store, ApiClient, TABLE};
+use semaphore_tests::history::{self, check, Call, CheckConfig, History, Op, Rule};
+use semaphore_tests::workload::{self, Workload};
+
+/// Service instances ("Lambda containers").
+const INSTANCES: usize = 4;
+
+/// Small clamps, so that clamping happens in the mix: ttls go up to 400 ms,
+/// waits up to 600 ms.
+const LIMITS: Limits = Limits {
+    max_ttl_ms: 300,
+    max_wait_ms: 500,
+};
+
+fn seed() -> u64 {
+    let seed = match std::env::var("SEMAPHORE_SEED") {
+        Ok(raw) => raw
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("SEMAPHORE_SEED must be a u64, got {raw:?}")),
+        Err(_) => uuid::Uuid::new_v4().as_u64_pair().0,
+    };
+    eprintln!("randomized: seed {seed} (reproduce with SEMAPHORE_SEED={seed})");
+    seed
+}
+
+/// Operations per run: a few thousand in CI, ≥ 100,000 with `SEMAPHORE_SOAK=1`.
+fn operations(ci: usize) -> usize {
+    if std::env::var("SEMAPHORE_SOAK").is_ok_and(|v| v == "1") {
+        100_000
+    } else {
+        ci
+    }
+}
+
+fn instances(stores: Vec<Arc<dyn PoolStore>>) -> Vec<Arc<ApiClient>> {
+    stores
+        .into_iter()
+        .map(|store| Arc::new(ApiClient::new(store, LIMITS)))
+        .collect()
+}
+
+fn config(faults: bool) -> CheckConfig {
+    CheckConfig {
+        max_ttl_ms: LIMITS.max_ttl_ms,
+        wakeup_tolerance_ms: 250,
+        faults,
+    }
+}
+
+/// Runs the workload, then the after-run checks on a fault-free instance, then
+/// the checker over everything; fails with the seed and every violation.
+async fn run_and_check(
+    name: &str,
+    workload: Workload,
+    instances: &[Arc<ApiClient>],
+    clean: &ApiClient,
+    faults: bool,
+) -> Vec<Op> {
+    let run = workload::run(&workload, instances).await;
+    let history = History::new();
+    for op in run.ops {
+        history.record(op);
+    }
+    settle_and_verify(&workload, &run.pools, clean, &history).await;
+    let ops = history.snapshot();
+    let checked = std::time::Instant::now();
+    let violations = check(&ops, &config(faults));
+    let mut latencies: Vec<u64> = ops.iter().map(|o| o.response_ms - o.invoke_ms).collect();
+    latencies.sort_unstable();
+    eprintln!(
+        "{name}: {} in {:.1}s, checked in {:.1}s; latency p50 {} ms, p99 {} ms, max {} ms",
+        history::summary(&ops),
+        run.elapsed.as_secs_f64(),
+        checked.elapsed().as_secs_f64(),
+        latencies[latencies.len() / 2],
+        latencies[latencies.len() * 99 / 100],
+        latencies[latencies.len() - 1],
+    );
+    let shown: Vec<String> = violations.iter().take(20).map(|v| v.to_string()).collect();
+    assert!(
+        violations.is_empty(),
+        "{name}: {} violations with SEMAPHORE_SEED={} (first 20):\n{}",
+        violations.len(),
+        workload.seed,
+        shown.join("\n")
+    );
+    ops
+}
+
+/// After the run, once every lease has surely expired: every pool reads back
+/// (200 with its full count available, or 404), and a pool's full count can
+/// be borrowed at positions 0‥count-1 and no more — whatever was left behind
+/// by calls that failed half-way only cost its ttl. Recorded as client
+/// `clients + 1`, so the checker judges these calls too.
+async fn settle_and_verify(
+    workload: &Workload,
+    pools: &[String],
+    clean: &ApiClient,
+    history: &History,
+) {
+    let client = workload.clients + 1;
+    tokio::time::sleep(Duration::from_millis(LIMITS.max_ttl_ms + 100)).await;
+    for pool in pools {
+        let (status, body) = workload::call(clean, history, client, pool, Call::Inspect).await;
+        assert!(
+            status == 200 || status == 404,
+            "{pool}: GET after the run → {status} {body}"
+        );
+        if status == 404 {
+            continue;
+        }
+        let count = body["count"].as_u64().expect("count");
+        assert_eq!(
+            body["available"], count,
+            "{pool}: not fully available after every ttl: {body}"
+        );
+        let mut leases = Vec::new();
+        for position in 0..count {
+            let borrow = Call::Borrow {
+                ttl_ms: 60_000,
+                wait_ms: 0,
+            };
+            let (status, body) = workload::call(clean, history, client, pool, borrow).await;
+            assert_eq!(
+                (status, body["position"].as_u64()),
+                (200, Some(position)),
+                "{pool}: {body}"
+            );
+            leases.push(body["lease"].as_str().expect("lease").to_string());
+        }
+        let (status, _) = workload::call(
+            clean,
+            history,
+            client,
+            pool,
+            Call::Borrow {
+                ttl_ms: 60_000,
+                wait_ms: 0,
+            },
+        )
+        .await;
+        assert_eq!(status, 409, "{pool}: borrowed more than count {count}");
+        for lease in leases {
+            let (status, body) =
+                workload::call(clean, history, client, pool, Call::Return { lease }).await;
+            assert_eq!(
+                (status, body["returned"].as_bool()),
+                (200, Some(true)),
+                "{pool}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_store_random_history_is_correct() {
+    let store = memory_store();
+    // One database, several service instances over it.
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let clean = ApiClient::new(store, LIMITS);
+    let workload = Workload::new(seed(), operations(3000));
+    run_and_check("memory", workload, &apis, &clean, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_random_history_is_correct() {
+    let mut stores = Vec::new();
+    for _ in 0..INSTANCES {
+        stores.push(dynamodb_store().await);
+    }
+    let apis = instances(stores);
+    let clean = ApiClient::new(dynamodb_store().await, LIMITS);
+    let workload = Workload::new(seed(), operations(3000));
+    run_and_check("dynamodb", workload, &apis, &clean, false).await;
+}
+
+/// Store calls fail before or after landing, are throttled or delayed. The
+/// API must still never over-issue, never answer 200 for a lease it did not
+/// store, answer failures as 502 `{"error": …}`, and leave every pool whole:
+/// readable, decodable, and fully available once the ttls have run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_with_store_faults_random_history_is_correct() {
+    let seed = seed();
+    let counts = Arc::new(FaultCounts::default());
+    let mut stores: Vec<Arc<dyn PoolStore>> = Vec::new();
+    for i in 0..INSTANCES {
+        let inner = dynamodb_store().await;
+        let faulty = FaultyStore::new(
+            inner,
+            FaultPlan::default(),
+            seed ^ (i as u64 + 1),
+            counts.clone(),
+        );
+        stores.push(Arc::new(faulty));
+    }
+    let apis = instances(stores);
+    let clean = ApiClient::new(dynamodb_store().await, LIMITS);
+    let mut workload = Workload::new(seed, operations(2000));
+    // Own leases returned more often: every 200 must name a stored lease.
+    workload.weights[2] = 30;
+    let ops = run_and_check("dynamodb+faults", workload, &apis, &clean, true).await;
+    eprintln!("dynamodb+faults: {counts}");
+
+    assert!(counts.failed_after.load(Ordering::Relaxed) > 0, "{counts}");
+    assert!(counts.throttled.load(Ordering::Relaxed) > 0, "{counts}");
+    let failed = ops.iter().filter(|o| o.status == 502).count();
+    assert!(failed > 0, "no call failed: faults were not exercised");
+
+    // Every pool's item still decodes.
+    let raw = DynamoDbStore::new(dynamodb_client().await, TABLE);
+    let pools: std::collections::BTreeSet<String> =
+        ops.iter().map(|o| o.pool.to_lowercase()).collect();
+    for pool in pools {
+        let id = api::parse_pool_id(&pool).expect("pool id");
+        raw.load(&id.key())
+            .await
+            .unwrap_or_else(|e| panic!("{pool}: stored item does not decode: {e}"));
+    }
+}
+
+/// The checker is not vacuous: a store whose writes ignore the version (lost
+/// updates) must show over-issue, shared positions or lost leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checker_catches_a_store_that_ignores_versions() {
+    let store: Arc<dyn PoolStore> = Arc::new(broken::IgnoresVersions(memory_store()));
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let workload = Workload::new(seed(), 1500);
+    let run = workload::run(&workload, &apis).await;
+    let violations = check(&run.ops, &config(false));
+    let rules: std::collections::BTreeSet<_> = violations.iter().map(|v| v.rule).collect();
+    eprintln!(
+        "ignores versions: {} violations, rules {rules:?}",
+        violations.len()
+    );
+    assert!(
+        rules
+            .iter()
+            .any(|r| matches!(r, Rule::OverIssue | Rule::SharedPosition | Rule::LostLease)),
+        "lost updates went unnoticed (SEMAPHORE_SEED={}): {violations:#?}",
+        workload.seed
+    );
+}
+
+/// …and a store whose reads are up to half a second stale must show waiters
+/// refused while a slot was free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn checker_catches_a_store_with_stale_reads() {
+    let store: Arc<dyn PoolStore> = Arc::new(broken::StaleReads::new(memory_store()));
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let workload = Workload::new(seed(), 1500);
+    let run = workload::run(&workload, &apis).await;
+    let violations = check(&run.ops, &config(false));
+    let rules: std::collections::BTreeSet<_> = violations.iter().map(|v| v.rule).collect();
+    eprintln!(
+        "stale reads: {} violations, rules {rules:?}",
+        violations.len()
+    );
+    assert!(
+        rules.contains(&Rule::LostWakeup),
+        "stale reads went unnoticed (SEMAPHORE_SEED={}): {violations:#?}",
+        workload.seed
+    );
+}
+
+/// Deliberately wrong stores.
+mod broken {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use async_trait::async_trait;
+    use semaphore::domain::Pool;
+    use semaphore::keys::PoolKey;
+    use semaphore::store::{Created, PoolStore, Replaced, StoreError, Version, Versioned};
+
+    /// Replaces whatever is stored, whatever version the caller read.
+    pub struct IgnoresVersions(pub Arc<dyn PoolStore>);
+
+    #[async_trait]
+    impl PoolStore for IgnoresVersions {
+        async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+            let loaded = self.0.load(key).await;
+            // Widen the read-to-write window so that writers overlap.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            loaded
+        }
+        async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
+            self.0.create(key, pool).await
+        }
+        async fn replace(
+            &self,
+            key: &PoolKey,
+            pool: &Pool,
+            _: Version,
+        ) -> Result<Replaced, StoreError> {
+            match self.0.load(key).await? {
+                Some(current) => self.0.replace(key, pool, current.version).await,
+                None => Ok(Replaced::Conflict(None)),
+            }
+        }
+        async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+            self.0.delete(key).await
+        }
+    }
+
+    /// Serves each pool's reads from a copy refreshed every 500 ms.
+    pub struct StaleReads {
+        inner: Arc<dyn PoolStore>,
+        cache: Mutex<HashMap<PoolKey, (Instant, Option<Versioned>)>>,
+    }
+
+    impl StaleReads {
+        pub fn new(inner: Arc<dyn PoolStore>) -> Self {
+            StaleReads {
+                inner,
+                cache: Mutex::new(HashMap::new()),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl PoolStore for StaleReads {
+        async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+            if let Some((at, cached)) = self.cache.lock().unwrap().get(key) {
+                if at.elapsed() < Duration::from_millis(500) {
+                    return Ok(cached.clone());
+                }
+            }
+            let fresh = self.inner.load(key).await?;
+            self.cache
+                .lock()
+                .unwrap()
+                .insert(*key, (Instant::now(), fresh.clone()));
+            Ok(fresh)
+        }
+        async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
+            self.inner.create(key, pool).await
+        }
+        async fn replace(
+            &self,
+            key: &PoolKey,
+            pool: &Pool,
+            expected: Version,
+        ) -> Result<Replaced, StoreError> {
+            self.inner.replace(key, pool, expected).await
+        }
+        async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+            self.inner.delete(key).await
+        }
+    }
+}
