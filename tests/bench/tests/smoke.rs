@@ -1,0 +1,161 @@
+//! The bench's smoke profile end to end against DynamoDB Local (`tests/run`
+//! exports `DYNAMODB_ENDPOINT`): it must finish and emit a complete report.
+//! Timings are not asserted — this machine's load is not the code's fault.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn endpoint() -> String {
+    match std::env::var("DYNAMODB_ENDPOINT") {
+        Ok(url) if !url.is_empty() => url,
+        _ => panic!(
+            "DYNAMODB_ENDPOINT is not set: run the suite with tests/run, which starts \
+             DynamoDB Local (or export DYNAMODB_ENDPOINT=http://127.0.0.1:PORT)"
+        ),
+    }
+}
+
+fn scratch_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("bench-smoke-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("create a scratch directory");
+    dir
+}
+
+fn rows<'a>(report: &'a Value, key: &str) -> &'a Vec<Value> {
+    let rows = report[key]
+        .as_array()
+        .unwrap_or_else(|| panic!("report.{key} is not an array: {report:#}"));
+    assert!(!rows.is_empty(), "report.{key} is empty");
+    rows
+}
+
+fn has_keys(row: &Value, keys: &[&str]) {
+    for key in keys {
+        assert!(row.get(key).is_some(), "missing {key} in {row:#}");
+    }
+}
+
+#[test]
+fn smoke_profile_emits_a_complete_report() {
+    let dir = scratch_dir();
+    let out = dir.join("report.json");
+    let run = Command::new(env!("CARGO_BIN_EXE_bench"))
+        .args(["--profile", "smoke", "--dynamodb", &endpoint(), "--out"])
+        .arg(&out)
+        .arg("--svg-dir")
+        .arg(&dir)
+        .output()
+        .expect("run the bench binary");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "bench failed ({}):\n{stdout}\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        stdout.contains("| operation |") && stdout.contains("### Targets"),
+        "{stdout}"
+    );
+
+    let text = std::fs::read_to_string(&out).expect("the JSON report was written");
+    let report: Value = serde_json::from_str(&text).expect("the report is valid JSON");
+    has_keys(
+        &report["meta"],
+        &["profile", "dynamodb_endpoint", "backoff_first_ms", "notes"],
+    );
+    assert_eq!(report["meta"]["profile"], "smoke");
+
+    let operations = rows(&report, "operations");
+    for row in operations {
+        has_keys(
+            row,
+            &[
+                "backend",
+                "operation",
+                "calls",
+                "model_wcu",
+                "model_rcu",
+                "latency",
+            ],
+        );
+    }
+    for name in [
+        "borrow (free slot)",
+        "return",
+        "inspect",
+        "register (new pool)",
+        "delete",
+    ] {
+        assert!(
+            operations
+                .iter()
+                .any(|r| r["backend"] == "dynamodb-local" && r["operation"] == name),
+            "no DynamoDB row for {name}"
+        );
+    }
+    for row in rows(&report, "contention") {
+        has_keys(
+            row,
+            &[
+                "strategy",
+                "clients",
+                "cycles_per_s",
+                "successes_per_attempt",
+                "borrow",
+            ],
+        );
+    }
+    let strategies: Vec<&str> = rows(&report, "contention")
+        .iter()
+        .filter_map(|r| r["strategy"].as_str())
+        .collect();
+    assert!(strategies.contains(&"ours") && strategies.contains(&"naive"));
+    for row in rows(&report, "wake") {
+        has_keys(row, &["trigger", "delay", "delays_ms"]);
+        has_keys(&row["delay"], &["samples", "p50_ms", "p99_ms"]);
+    }
+    for row in rows(&report, "polling") {
+        has_keys(row, &["backend", "reads_per_s"]);
+    }
+    let counts: Vec<u64> = rows(&report, "item_size")
+        .iter()
+        .filter_map(|r| r["count"].as_u64())
+        .collect();
+    assert_eq!(counts, [1, 16, 100, 1000]);
+    let targets = rows(&report, "targets");
+    assert_eq!(targets.len(), 8);
+    for target in targets {
+        assert!(
+            ["met", "not met"].contains(&target["status"].as_str().unwrap_or("")),
+            "every target is measured by the smoke profile: {target:#}"
+        );
+    }
+    for plot in rows(&report, "plots") {
+        let svg = std::fs::read_to_string(plot.as_str().expect("a path")).expect("plot written");
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_arguments_are_a_usage_error_not_a_panic() {
+    for args in [
+        &["--profile", "huge"][..],
+        &["--clients", "0"],
+        &["--nonsense"],
+    ] {
+        let run = Command::new(env!("CARGO_BIN_EXE_bench"))
+            .args(args)
+            .output()
+            .expect("run the bench binary");
+        let stderr = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.contains("usage:") && !stderr.contains("panicked"),
+            "{stderr}"
+        );
+    }
+}
