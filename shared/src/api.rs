@@ -185,7 +185,7 @@ async fn dispatch(
     match route {
         Route::Register => {
             let count = parse_count(&parse_object(body)?)?;
-            let state = service.register(id, count).await?;
+            let state = service.register(id, count, deadline).await?;
             Ok(ApiResponse::ok(state_body(id, state)))
         }
         Route::Inspect => {
@@ -203,7 +203,7 @@ async fn dispatch(
         }
         Route::Return => {
             let lease = parse_lease(&parse_object(body)?)?;
-            let returned = service.return_lease(id, lease).await?;
+            let returned = service.return_lease(id, lease, deadline).await?;
             Ok(ApiResponse::ok(json!({ "returned": returned })))
         }
     }

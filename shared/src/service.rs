@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use crate::domain::{Exhausted, Pool, PoolState};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
-use crate::store::{Created, PoolStore, Replaced, Versioned};
+use crate::store::{Created, PoolStore, Replaced, StoreError, StoreErrorKind, Versioned};
 
 /// Clamps applied to `ttl` and `wait` (API.md: clamped, never rejected).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,12 +26,19 @@ impl Default for Limits {
     }
 }
 
-/// How a waiting borrower polls. The defaults keep a waiter under ~20 reads/s
-/// while a return is seen within ~100 ms; expiries are slept to exactly.
+/// How a waiting borrower polls, and how a writer that lost a race backs off.
+/// The defaults keep a waiter under ~20 reads/s while a return is seen within
+/// ~100 ms; expiries are slept to exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Backoff {
+    /// Polling a full pool: `first · 2^n`, capped, jittered in [½, 1].
     pub first: Duration,
     pub cap: Duration,
+    /// After a lost conditional write: uniform in [0, `conflict_first · 2^(n-1)`],
+    /// capped. Retrying at once makes every loser collide again (measured:
+    /// 0.2 successful writes per attempt at 16 clients, 0.68 with this nap).
+    pub conflict_first: Duration,
+    pub conflict_cap: Duration,
     /// Time kept back from the Lambda deadline to send the response.
     pub deadline_margin: Duration,
 }
@@ -41,6 +48,8 @@ impl Default for Backoff {
         Backoff {
             first: Duration::from_millis(15),
             cap: Duration::from_millis(90),
+            conflict_first: Duration::from_millis(10),
+            conflict_cap: Duration::from_millis(100),
             deadline_margin: Duration::from_millis(300),
         }
     }
@@ -95,25 +104,29 @@ impl Service {
     }
 
     /// `PUT`: creates the pool, or sets its count keeping live leases.
-    pub async fn register(&self, id: PoolId, count: u16) -> Result<PoolState, Error> {
+    pub async fn register(
+        &self,
+        id: PoolId,
+        count: u16,
+        deadline: Option<Instant>,
+    ) -> Result<PoolState, Error> {
         let key = id.key();
+        let give_up = self.write_deadline(deadline);
+        let mut conflicts = Conflicts::new();
         loop {
             let now = now_ms();
-            let mut current = match self.store.create(&key, &Pool::new(count)).await? {
+            let current = match self.store.create(&key, &Pool::new(count)).await? {
                 Created::Created(_) => return Ok(Pool::new(count).state(now)),
                 Created::Exists(current) => current,
             };
-            loop {
-                let mut pool = current.pool.clone();
-                if !pool.resize(count, now) {
-                    return Ok(pool.state(now));
-                }
-                match self.store.replace(&key, &pool, current.version).await? {
-                    Replaced::Replaced(_) => return Ok(pool.state(now)),
-                    Replaced::Conflict(Some(fresh)) => current = fresh,
-                    // Deleted under us: create it afresh.
-                    Replaced::Conflict(None) => break,
-                }
+            let mut pool = current.pool.clone();
+            if !pool.resize(count, now) {
+                return Ok(pool.state(now));
+            }
+            match self.store.replace(&key, &pool, current.version).await? {
+                Replaced::Replaced(_) => return Ok(pool.state(now)),
+                // Changed or deleted under us: start over (create, or read again).
+                Replaced::Conflict(_) => conflicts.nap(&self.backoff, give_up).await?,
             }
         }
     }
@@ -149,11 +162,15 @@ impl Service {
                     .unwrap_or(started),
             );
         }
+        // Losing races is not waiting: a borrow that sees a free slot keeps
+        // trying past its `wait`, up to the deadline for writes.
+        let write_give_up = self.write_deadline(deadline);
         let lease = LeaseId::new_random();
         let digest = lease.digest();
         let mut current = self.load(&key).await?;
         let mut polls = 0u32;
         let mut jitter = Jitter::new();
+        let mut conflicts = Conflicts::new();
         loop {
             let now = now_ms();
             let mut pool = current.pool.clone();
@@ -168,8 +185,19 @@ impl Service {
                             ttl_ms,
                         })
                     }
-                    Replaced::Conflict(Some(fresh)) => current = fresh,
                     Replaced::Conflict(None) => return Err(Error::PoolNotFound),
+                    // Full now: wait as any borrower does, from the record the
+                    // conflict handed back.
+                    Replaced::Conflict(Some(fresh)) if fresh.pool.state(now).available == 0 => {
+                        current = fresh;
+                    }
+                    // Lost a race for a free slot: nap, then read afresh, since
+                    // the handed-back record is stale again by then (and the
+                    // last winner would otherwise always write first).
+                    Replaced::Conflict(Some(_)) => {
+                        conflicts.nap(&self.backoff, write_give_up).await?;
+                        current = self.load(&key).await?;
+                    }
                 },
                 Err(Exhausted) => {
                     let now_instant = Instant::now();
@@ -192,9 +220,16 @@ impl Service {
     }
 
     /// `POST …/return`: whether a live lease was freed.
-    pub async fn return_lease(&self, id: PoolId, lease: LeaseId) -> Result<bool, Error> {
+    pub async fn return_lease(
+        &self,
+        id: PoolId,
+        lease: LeaseId,
+        deadline: Option<Instant>,
+    ) -> Result<bool, Error> {
         let key = id.key();
         let digest = lease.digest();
+        let give_up = self.write_deadline(deadline);
+        let mut conflicts = Conflicts::new();
         let mut current = self.load(&key).await?;
         loop {
             let now = now_ms();
@@ -204,14 +239,69 @@ impl Service {
             }
             match self.store.replace(&key, &pool, current.version).await? {
                 Replaced::Replaced(_) => return Ok(true),
-                Replaced::Conflict(Some(fresh)) => current = fresh,
                 Replaced::Conflict(None) => return Err(Error::PoolNotFound),
+                Replaced::Conflict(Some(_)) => {
+                    conflicts.nap(&self.backoff, give_up).await?;
+                    current = self.load(&key).await?;
+                }
             }
+        }
+    }
+
+    /// How long a write may keep retrying conflicts: to the Lambda's deadline
+    /// (less the margin), or a generous bound when there is none.
+    fn write_deadline(&self, deadline: Option<Instant>) -> Instant {
+        let now = Instant::now();
+        match deadline {
+            Some(deadline) => deadline
+                .checked_sub(self.backoff.deadline_margin)
+                .unwrap_or(now)
+                .max(now),
+            None => now + WRITE_RETRY_LIMIT,
         }
     }
 
     async fn load(&self, key: &PoolKey) -> Result<Versioned, Error> {
         self.store.load(key).await?.ok_or(Error::PoolNotFound)
+    }
+}
+
+/// Without a Lambda deadline (local server), how long a write keeps retrying
+/// lost races before answering 502.
+const WRITE_RETRY_LIMIT: Duration = Duration::from_secs(10);
+
+/// Lost conditional writes within one request, and the nap after each.
+struct Conflicts {
+    count: u32,
+    jitter: Jitter,
+}
+
+impl Conflicts {
+    fn new() -> Self {
+        Conflicts {
+            count: 0,
+            jitter: Jitter::new(),
+        }
+    }
+
+    /// Naps after a lost write, never past `give_up`; past it, the write is
+    /// abandoned as a retryable database error (nothing was written).
+    async fn nap(&mut self, backoff: &Backoff, give_up: Instant) -> Result<(), Error> {
+        self.count += 1;
+        let now = Instant::now();
+        if now >= give_up {
+            return Err(Error::Store(StoreError::new(
+                StoreErrorKind::Throttled,
+                format!("gave up after {} conflicting writes", self.count),
+            )));
+        }
+        let window = backoff
+            .conflict_first
+            .saturating_mul(1u32 << (self.count - 1).min(16))
+            .min(backoff.conflict_cap);
+        let nap = window.mul_f64(self.jitter.next_unit()).min(give_up - now);
+        tokio::time::sleep(nap).await;
+        Ok(())
     }
 }
 

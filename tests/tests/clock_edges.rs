@@ -81,7 +81,10 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
         .await
         .unwrap();
     assert_eq!(next.position, 1);
-    assert!(!service.return_lease(parse(&id), short.lease).await.unwrap());
+    assert!(!service
+        .return_lease(parse(&id), short.lease, None)
+        .await
+        .unwrap());
 }
 
 /// `ttl` at the clamp is kept, above it is clamped, and `expires_in` /

@@ -27,8 +27,7 @@ baseline, wake delay, polling rate and item sizes.
   --hold-ms N      how long a contention client holds each lease (default 0: worst case)
   --latency-ms N   add N ms to every store call, as a network would (default 0)
   --backoff F,C    the service's waiting backoff, first and cap in ms (default 15,90)
-  --strategies L   contention strategies (default ours,naive); also proposed: the
-                   service with a jittered backoff after a lost write (experiment)
+  --strategies L   contention strategies: ours, naive (default both)
   --only L         run only these sections: operations, contention, wake, polling, items
   --stores L       dynamodb, memory or both (the default)
   --check          exit 1 if any target is not met
@@ -220,9 +219,7 @@ pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Command, String> 
                     .split(',')
                     .map(|name| Strategy::ALL.into_iter().find(|s| s.name() == name.trim()))
                     .collect::<Option<Vec<_>>>()
-                    .ok_or(format!(
-                        "--strategies must list ours, naive or proposed; got {raw:?}"
-                    ))?;
+                    .ok_or(format!("--strategies must list ours or naive; got {raw:?}"))?;
             }
             "--only" => {
                 let raw = value()?;

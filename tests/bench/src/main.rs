@@ -7,7 +7,6 @@ mod backend;
 mod cli;
 mod counting;
 mod naive;
-mod proposed;
 mod report;
 mod scenarios;
 mod stats;

@@ -389,7 +389,7 @@ impl Report {
         }
         let by_clients = |f: fn(&ContentionRow) -> f64| {
             let mut series = Vec::new();
-            let strategies = ["ours", "naive", "proposed"];
+            let strategies = ["ours", "naive"];
             for (backend, (i, strategy)) in [DYNAMODB, "memory"]
                 .into_iter()
                 .flat_map(|b| strategies.into_iter().enumerate().map(move |s| (b, s)))

@@ -14,7 +14,6 @@ use uuid::Uuid;
 use crate::backend::Backend;
 use crate::counting::{pool_item_size, read_units, write_units, Counters, Snapshot, IN_RETURN};
 use crate::naive::Naive;
-use crate::proposed::{ConflictBackoff, Proposed};
 use crate::report::{ContentionRow, ItemRow, OpRow, PollRow, WakeRow};
 use crate::stats::{round3, summarize};
 
@@ -110,10 +109,16 @@ pub async fn operations(
     for _ in 0..samples {
         let id = new_pool();
         let t = rec.start();
-        service.register(id, 1).await.map_err(fail("register"))?;
+        service
+            .register(id, 1, None)
+            .await
+            .map_err(fail("register"))?;
         rec.stop("register (new pool)", t);
         let t = rec.start();
-        service.register(id, 1).await.map_err(fail("register"))?;
+        service
+            .register(id, 1, None)
+            .await
+            .map_err(fail("register"))?;
         rec.stop("register (existing, same count)", t);
         let t = rec.start();
         let grant = service
@@ -131,7 +136,7 @@ pub async fn operations(
         rec.stop("inspect", t);
         let t = rec.start();
         let returned = service
-            .return_lease(id, grant.lease)
+            .return_lease(id, grant.lease, None)
             .await
             .map_err(fail("return"))?;
         rec.stop("return", t);
@@ -140,12 +145,15 @@ pub async fn operations(
         }
         let t = rec.start();
         service
-            .return_lease(id, grant.lease)
+            .return_lease(id, grant.lease, None)
             .await
             .map_err(fail("return"))?;
         rec.stop("return (already returned)", t);
         let t = rec.start();
-        service.register(id, 2).await.map_err(fail("register"))?;
+        service
+            .register(id, 2, None)
+            .await
+            .map_err(fail("register"))?;
         rec.stop("register (existing, new count)", t);
         let t = rec.start();
         service.delete(id).await.map_err(fail("delete"))?;
@@ -181,19 +189,15 @@ pub enum Strategy {
     Ours,
     /// [`Naive`]: re-read on conflict, fixed 3 s sleep when full.
     Naive,
-    /// [`Proposed`]: the service's loops with a jittered backoff on conflict
-    /// (the change recommended for shared/).
-    Proposed,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 3] = [Strategy::Ours, Strategy::Naive, Strategy::Proposed];
+    pub const ALL: [Strategy; 2] = [Strategy::Ours, Strategy::Naive];
 
     pub fn name(self) -> &'static str {
         match self {
             Strategy::Ours => "ours",
             Strategy::Naive => "naive",
-            Strategy::Proposed => "proposed",
         }
     }
 }
@@ -209,7 +213,6 @@ struct ClientTally {
 enum Worker {
     Ours(Service),
     Naive(Naive),
-    Proposed(Proposed),
 }
 
 /// What a worker holds between its borrow and its return.
@@ -240,11 +243,6 @@ impl Worker {
                 .await
                 .map_err(|e| e.to_string())?
                 .map(Held::Digest),
-            Worker::Proposed(proposed) => proposed
-                .borrow(&key, LONG_TTL_MS, end)
-                .await
-                .map_err(|e| e.to_string())?
-                .map(Held::Digest),
         };
         Ok(held)
     }
@@ -253,14 +251,10 @@ impl Worker {
         let key = id.key();
         match (self, held) {
             (Worker::Ours(service), Held::Lease(lease)) => service
-                .return_lease(id, lease)
+                .return_lease(id, lease, None)
                 .await
                 .map_err(|e| e.to_string()),
             (Worker::Naive(naive), Held::Digest(digest)) => naive
-                .return_lease(&key, digest)
-                .await
-                .map_err(|e| e.to_string()),
-            (Worker::Proposed(proposed), Held::Digest(digest)) => proposed
                 .return_lease(&key, digest)
                 .await
                 .map_err(|e| e.to_string()),
@@ -313,7 +307,7 @@ pub async fn contention(
         .await;
     let id = new_pool();
     setup
-        .register(id, CONTENTION_COUNT)
+        .register(id, CONTENTION_COUNT, None)
         .await
         .map_err(fail("register"))?;
     let counters = Arc::new(Counters::default());
@@ -323,11 +317,6 @@ pub async fn contention(
             Strategy::Ours => Worker::Ours(backend.service(&counters, backoff).await),
             Strategy::Naive => Worker::Naive(Naive {
                 store: backend.store(&counters).await,
-            }),
-            Strategy::Proposed => Worker::Proposed(Proposed {
-                store: backend.store(&counters).await,
-                backoff,
-                conflict: ConflictBackoff::default(),
             }),
         });
     }
@@ -449,7 +438,10 @@ async fn wake_sample(
     rng: &mut Rng,
 ) -> Result<f64, String> {
     let id = new_pool();
-    holder.register(id, 1).await.map_err(fail("register"))?;
+    holder
+        .register(id, 1, None)
+        .await
+        .map_err(fail("register"))?;
     let hold_ttl = match trigger {
         // Expiries land at random points of the waiter's polling.
         Trigger::Expiry => rng.range(150, 450),
@@ -482,14 +474,14 @@ async fn wake_sample(
         Trigger::Return => {
             tokio::time::sleep(nap).await;
             holder
-                .return_lease(id, held.lease)
+                .return_lease(id, held.lease, None)
                 .await
                 .map_err(fail("return"))?;
             Some(Instant::now())
         }
         Trigger::Raise => {
             tokio::time::sleep(nap).await;
-            holder.register(id, 2).await.map_err(fail("raise"))?;
+            holder.register(id, 2, None).await.map_err(fail("raise"))?;
             Some(Instant::now())
         }
         Trigger::Expiry => None,
@@ -552,7 +544,10 @@ pub async fn polling(backend: &Backend, seconds: f64, backoff: Backoff) -> Resul
     let counters = Arc::new(Counters::default());
     let waiter = backend.service(&counters, backoff).await;
     let id = new_pool();
-    holder.register(id, 1).await.map_err(fail("register"))?;
+    holder
+        .register(id, 1, None)
+        .await
+        .map_err(fail("register"))?;
     holder
         .borrow(
             id,
