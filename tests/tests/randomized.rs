@@ -359,7 +359,17 @@ mod broken {
             pool: &Pool,
             expected: Version,
         ) -> Result<Replaced, StoreError> {
-            self.inner.replace(key, pool, expected).await
+            let outcome = self.inner.replace(key, pool, expected).await?;
+            // A writer that lost learns the truth (else it would only lose
+            // races until the cache expires); waiters keep reading stale
+            // state after a return, so their wake-ups get lost.
+            if let Replaced::Conflict(current) = &outcome {
+                self.cache
+                    .lock()
+                    .unwrap()
+                    .insert(*key, (Instant::now(), current.clone()));
+            }
+            Ok(outcome)
         }
         async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
             self.inner.delete(key).await
