@@ -1,81 +1,247 @@
-//! A `PoolStore` wrapper that counts calls. Each trait call is exactly one
-//! DynamoDB request in `DynamoDbStore` (GetItem, PutItem, PutItem, DeleteItem),
-//! so these are DynamoDB calls per operation.
+//! Counting what an operation costs (for `calls_per_operation` and the bench): HTTP requests as the SDK sends them (an
+//! interceptor, so SDK retries count too), logical store calls and conflicts (a
+//! `PoolStore` wrapper), and capacity units — both a model from item sizes and
+//! whatever DynamoDB reports.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use semaphore::domain::Pool;
 use semaphore::keys::PoolKey;
+use semaphore::store::dynamodb::item_size;
 use semaphore::store::{Created, PoolStore, Replaced, StoreError, Version, Versioned};
 
+/// Shared by every client of one scenario; read as [`Snapshot`] differences.
 #[derive(Default, Debug)]
-pub struct Counts {
+pub struct Counters {
+    pub http_get: AtomicU64,
+    pub http_put: AtomicU64,
+    pub http_delete: AtomicU64,
+    pub http_other: AtomicU64,
     pub loads: AtomicU64,
-    pub creates: AtomicU64,
-    pub replaces: AtomicU64,
+    pub writes: AtomicU64,
     pub deletes: AtomicU64,
-    /// Conditional writes (create or replace) whose condition failed.
+    /// Conditional writes whose condition failed (`Conflict` / `Exists`).
     pub conflicts: AtomicU64,
+    /// The part of `conflicts` lost inside a return (see [`Phase`]).
+    pub return_conflicts: AtomicU64,
+    /// Modelled capacity, in thousandths of a unit.
+    pub model_wcu_milli: AtomicU64,
+    pub model_rcu_milli: AtomicU64,
+    /// What DynamoDB put in `ConsumedCapacity` (successful calls only), × 1000.
+    pub reported_milli: Arc<AtomicU64>,
 }
 
-impl Counts {
-    pub fn total(&self) -> u64 {
-        self.loads.load(Ordering::Relaxed)
-            + self.creates.load(Ordering::Relaxed)
-            + self.replaces.load(Ordering::Relaxed)
-            + self.deletes.load(Ordering::Relaxed)
-    }
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Snapshot {
+    pub http_get: u64,
+    pub http_put: u64,
+    pub http_delete: u64,
+    pub http_other: u64,
+    pub loads: u64,
+    pub writes: u64,
+    pub deletes: u64,
+    pub conflicts: u64,
+    pub return_conflicts: u64,
+    pub model_wcu_milli: u64,
+    pub model_rcu_milli: u64,
+    pub reported_milli: u64,
+}
 
-    pub fn writes(&self) -> u64 {
-        self.creates.load(Ordering::Relaxed) + self.replaces.load(Ordering::Relaxed)
-    }
-
-    pub fn conflicts(&self) -> u64 {
-        self.conflicts.load(Ordering::Relaxed)
-    }
-
-    pub fn reset(&self) {
-        for counter in [
-            &self.loads,
-            &self.creates,
-            &self.replaces,
-            &self.deletes,
-            &self.conflicts,
-        ] {
-            counter.store(0, Ordering::Relaxed);
+impl Counters {
+    pub fn snapshot(&self) -> Snapshot {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Snapshot {
+            http_get: get(&self.http_get),
+            http_put: get(&self.http_put),
+            http_delete: get(&self.http_delete),
+            http_other: get(&self.http_other),
+            loads: get(&self.loads),
+            writes: get(&self.writes),
+            deletes: get(&self.deletes),
+            conflicts: get(&self.conflicts),
+            return_conflicts: get(&self.return_conflicts),
+            model_wcu_milli: get(&self.model_wcu_milli),
+            model_rcu_milli: get(&self.model_rcu_milli),
+            reported_milli: get(&self.reported_milli),
         }
     }
 }
 
+impl Snapshot {
+    pub fn since(&self, before: &Snapshot) -> Snapshot {
+        Snapshot {
+            http_get: self.http_get - before.http_get,
+            http_put: self.http_put - before.http_put,
+            http_delete: self.http_delete - before.http_delete,
+            http_other: self.http_other - before.http_other,
+            loads: self.loads - before.loads,
+            writes: self.writes - before.writes,
+            deletes: self.deletes - before.deletes,
+            conflicts: self.conflicts - before.conflicts,
+            return_conflicts: self.return_conflicts - before.return_conflicts,
+            model_wcu_milli: self.model_wcu_milli - before.model_wcu_milli,
+            model_rcu_milli: self.model_rcu_milli - before.model_rcu_milli,
+            reported_milli: self.reported_milli - before.reported_milli,
+        }
+    }
+
+    pub fn http_total(&self) -> u64 {
+        self.http_get + self.http_put + self.http_delete + self.http_other
+    }
+
+    pub fn store_calls(&self) -> u64 {
+        self.loads + self.writes + self.deletes
+    }
+
+    /// Database calls: HTTP requests when a real client was used (they include
+    /// SDK retries), else the store calls (in-memory store).
+    pub fn calls(&self) -> u64 {
+        if self.http_total() > 0 {
+            self.http_total()
+        } else {
+            self.store_calls()
+        }
+    }
+
+    /// Conditional writes attempted (PutItem requests, or store writes in memory).
+    pub fn write_attempts(&self) -> u64 {
+        if self.http_total() > 0 {
+            self.http_put
+        } else {
+            self.writes
+        }
+    }
+
+    pub fn reads(&self) -> u64 {
+        if self.http_total() > 0 {
+            self.http_get
+        } else {
+            self.loads
+        }
+    }
+}
+
+tokio::task_local! {
+    /// Set by a contention client around its return, so a conflict can be
+    /// told apart from one lost inside a borrow.
+    pub static IN_RETURN: bool;
+}
+
+/// Counts every HTTP request the SDK transmits, by DynamoDB operation.
+#[derive(Debug)]
+pub struct HttpCounter(pub Arc<Counters>);
+
+impl Intercept for HttpCounter {
+    fn name(&self) -> &'static str {
+        "semaphore_tests::HttpCounter"
+    }
+
+    fn read_before_transmit(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        // Called once per attempt, so retries are counted.
+        let target = context
+            .request()
+            .headers()
+            .get("x-amz-target")
+            .unwrap_or("");
+        let counter = match target.rsplit('.').next() {
+            Some("GetItem") => &self.0.http_get,
+            Some("PutItem") => &self.0.http_put,
+            Some("DeleteItem") => &self.0.http_delete,
+            _ => &self.0.http_other,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// The billing model: 1 WCU per started KB of the larger of the old and new
+/// item (failed conditions billed too), 1 RCU per started 4 KB of a strongly
+/// consistent read, and at least 1 unit per request.
+pub fn write_units(bytes: usize) -> u64 {
+    bytes.div_ceil(1024).max(1) as u64
+}
+
+pub fn read_units(bytes: usize) -> u64 {
+    bytes.div_ceil(4096).max(1) as u64
+}
+
+/// The worst-case item size for a pool (version tokens vary in length).
+pub fn pool_item_size(key: &PoolKey, pool: &Pool) -> usize {
+    item_size(key, pool, Version::MAX)
+}
+
+/// A `PoolStore` wrapper counting calls, conflicts and modelled capacity.
 pub struct CountingStore {
     inner: Arc<dyn PoolStore>,
-    pub counts: Arc<Counts>,
+    counters: Arc<Counters>,
+    /// The last item size this client saw per pool: the "old item" of its next write.
+    last_size: Mutex<HashMap<PoolKey, usize>>,
 }
 
 impl CountingStore {
-    pub fn new(inner: Arc<dyn PoolStore>) -> Self {
+    pub fn new(inner: Arc<dyn PoolStore>, counters: Arc<Counters>) -> Self {
         CountingStore {
             inner,
-            counts: Arc::default(),
+            counters,
+            last_size: Mutex::default(),
         }
+    }
+
+    fn remember(&self, key: &PoolKey, size: Option<usize>) -> Option<usize> {
+        let mut sizes = self.last_size.lock().unwrap_or_else(|e| e.into_inner());
+        match size {
+            Some(size) => sizes.insert(*key, size),
+            None => sizes.remove(key),
+        }
+    }
+
+    fn wcu(&self, units: u64) {
+        self.counters
+            .model_wcu_milli
+            .fetch_add(units * 1000, Ordering::Relaxed);
     }
 }
 
 #[async_trait]
 impl PoolStore for CountingStore {
     async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
-        self.counts.loads.fetch_add(1, Ordering::Relaxed);
-        self.inner.load(key).await
+        self.counters.loads.fetch_add(1, Ordering::Relaxed);
+        let loaded = self.inner.load(key).await?;
+        let size = loaded.as_ref().map(|v| pool_item_size(key, &v.pool));
+        self.remember(key, size);
+        self.counters
+            .model_rcu_milli
+            .fetch_add(read_units(size.unwrap_or(0)) * 1000, Ordering::Relaxed);
+        Ok(loaded)
     }
 
     async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
-        self.counts.creates.fetch_add(1, Ordering::Relaxed);
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let new_size = pool_item_size(key, pool);
         let outcome = self.inner.create(key, pool).await?;
-        if matches!(outcome, Created::Exists(_)) {
-            self.counts.conflicts.fetch_add(1, Ordering::Relaxed);
-        }
+        let old_size = match &outcome {
+            Created::Created(_) => {
+                self.remember(key, Some(new_size));
+                0
+            }
+            Created::Exists(current) => {
+                self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                let size = pool_item_size(key, &current.pool);
+                self.remember(key, Some(size));
+                size
+            }
+        };
+        self.wcu(write_units(new_size.max(old_size)));
         Ok(outcome)
     }
 
@@ -85,16 +251,66 @@ impl PoolStore for CountingStore {
         pool: &Pool,
         expected: Version,
     ) -> Result<Replaced, StoreError> {
-        self.counts.replaces.fetch_add(1, Ordering::Relaxed);
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let new_size = pool_item_size(key, pool);
+        let seen = self.remember(key, None).unwrap_or(new_size);
         let outcome = self.inner.replace(key, pool, expected).await?;
-        if matches!(outcome, Replaced::Conflict(_)) {
-            self.counts.conflicts.fetch_add(1, Ordering::Relaxed);
-        }
+        let old_size = match &outcome {
+            Replaced::Replaced(_) => {
+                self.remember(key, Some(new_size));
+                seen
+            }
+            Replaced::Conflict(current) => {
+                self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                if IN_RETURN.try_with(|r| *r).unwrap_or(false) {
+                    self.counters
+                        .return_conflicts
+                        .fetch_add(1, Ordering::Relaxed);
+                }
+                let size = current.as_ref().map(|c| pool_item_size(key, &c.pool));
+                self.remember(key, size);
+                size.unwrap_or(0)
+            }
+        };
+        self.wcu(write_units(new_size.max(old_size)));
         Ok(outcome)
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.counts.deletes.fetch_add(1, Ordering::Relaxed);
-        self.inner.delete(key).await
+        self.counters.deletes.fetch_add(1, Ordering::Relaxed);
+        let old_size = self.remember(key, None).unwrap_or(0);
+        let deleted = self.inner.delete(key).await?;
+        self.wcu(write_units(old_size));
+        Ok(deleted)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn units_round_up_and_never_drop_to_zero() {
+        assert_eq!(write_units(0), 1);
+        assert_eq!(write_units(1024), 1);
+        assert_eq!(write_units(1025), 2);
+        assert_eq!(read_units(4096), 1);
+        assert_eq!(read_units(4097), 2);
+    }
+
+    #[test]
+    fn snapshot_prefers_http_counts_when_present() {
+        let s = Snapshot {
+            loads: 3,
+            writes: 2,
+            ..Snapshot::default()
+        };
+        assert_eq!(s.calls(), 5);
+        let s = Snapshot {
+            http_get: 1,
+            http_put: 4,
+            ..s
+        };
+        assert_eq!((s.calls(), s.write_attempts(), s.reads()), (5, 4, 1));
     }
 }

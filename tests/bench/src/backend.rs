@@ -17,7 +17,7 @@ use semaphore::store::{
 };
 use semaphore::{config, Limits, Service};
 
-use crate::counting::{Counters, CountingStore, HttpCounter};
+use semaphore_tests::counting::{Counters, CountingStore, HttpCounter};
 
 pub const TABLE: &str = "semaphore-bench";
 

@@ -5,7 +5,6 @@
 
 mod backend;
 mod cli;
-mod counting;
 mod naive;
 mod report;
 mod scenarios;

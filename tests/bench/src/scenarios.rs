@@ -12,10 +12,12 @@ use semaphore_tests::rng::Rng;
 use uuid::Uuid;
 
 use crate::backend::Backend;
-use crate::counting::{pool_item_size, read_units, write_units, Counters, Snapshot, IN_RETURN};
 use crate::naive::Naive;
 use crate::report::{ContentionRow, ItemRow, OpRow, PollRow, WakeRow};
 use crate::stats::{round3, summarize};
+use semaphore_tests::counting::{
+    pool_item_size, read_units, write_units, Counters, Snapshot, IN_RETURN,
+};
 
 /// Long enough that no lease of a run expires by accident.
 const LONG_TTL_MS: u64 = 60_000;
