@@ -3,6 +3,11 @@
 
 use std::time::{Duration, Instant};
 
+use lambda_http::http::{
+    self,
+    header::{ALLOW, CONTENT_TYPE},
+    HeaderValue, StatusCode,
+};
 use serde_json::{json, Map, Number, Value};
 use uuid::Uuid;
 
@@ -69,8 +74,18 @@ impl ApiResponse {
         }
     }
 
-    pub fn body_string(&self) -> String {
-        self.body.to_string()
+    /// As an HTTP response: the JSON body, `Content-Type: application/json`,
+    /// and `Allow` on a 405. Every entrypoint answers through this.
+    pub fn into_http(self) -> http::Response<String> {
+        let mut response = http::Response::new(self.body.to_string());
+        *response.status_mut() =
+            StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let headers = response.headers_mut();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(allow) = self.allow {
+            headers.insert(ALLOW, HeaderValue::from_static(allow));
+        }
+        response
     }
 }
 

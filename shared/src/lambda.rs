@@ -4,7 +4,6 @@
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use lambda_http::http::header::{ALLOW, CONTENT_TYPE};
 use lambda_http::{Body, Request, RequestExt, Response};
 
 use crate::api::{self, ApiResponse, Route};
@@ -23,15 +22,8 @@ pub async fn handle(
         .path_parameters_ref()
         .and_then(|params| params.first("id"))
         .map(str::to_owned);
-    let raw_id = path_param.or_else(|| {
-        let raw = request.raw_http_path();
-        let path = if raw.is_empty() {
-            request.uri().path()
-        } else {
-            raw
-        };
-        api::id_from_path(route, path).map(str::to_owned)
-    });
+    let raw_id =
+        path_param.or_else(|| api::id_from_path(route, request_path(&request)).map(str::to_owned));
     let response = match raw_id.as_deref() {
         None => api::error_response(&Error::RouteNotFound),
         Some(_) if request.method().as_str() != route.method() => {
@@ -60,13 +52,7 @@ pub async fn handle(
 /// errors and a 405 for a known path with the wrong method.
 pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
-    let raw = request.raw_http_path();
-    let path = if raw.is_empty() {
-        request.uri().path()
-    } else {
-        raw
-    };
-    let err = match api::resolve(request.method().as_str(), path) {
+    let err = match api::resolve(request.method().as_str(), request_path(&request)) {
         Err(err) => err,
         // A routable request should never reach `$default`.
         Ok(_) => Error::RouteNotFound,
@@ -94,13 +80,15 @@ fn deadline_instant(deadline_ms: u64) -> Option<Instant> {
 }
 
 fn into_response(response: ApiResponse) -> Response<Body> {
-    let mut builder = Response::builder()
-        .status(response.status)
-        .header(CONTENT_TYPE, "application/json");
-    if let Some(allow) = response.allow {
-        builder = builder.header(ALLOW, allow);
+    response.into_http().map(Body::Text)
+}
+
+/// The request's path: API Gateway's raw path, or the URI's when absent.
+fn request_path(request: &Request) -> &str {
+    let raw = request.raw_http_path();
+    if raw.is_empty() {
+        request.uri().path()
+    } else {
+        raw
     }
-    builder
-        .body(Body::Text(response.body_string()))
-        .unwrap_or_else(|_| Response::new(Body::Text(r#"{"error":"internal error"}"#.into())))
 }

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{ALLOW, CONTENT_TYPE};
 use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
@@ -176,19 +175,9 @@ async fn serve(
         Err(err) => ("-", None, api::error_response(&err)),
     };
     api::log_request(route_key, raw_id, response.status, started.elapsed());
-    let mut builder = Response::builder()
-        .status(response.status)
-        .header(CONTENT_TYPE, "application/json");
-    if let Some(allow) = response.allow {
-        builder = builder.header(ALLOW, allow);
-    }
-    Ok(builder
-        .body(Full::new(Bytes::from(response.body_string())))
-        .unwrap_or_else(|_| {
-            Response::new(Full::new(Bytes::from_static(
-                b"{\"error\":\"internal error\"}",
-            )))
-        }))
+    Ok(response
+        .into_http()
+        .map(|body| Full::new(Bytes::from(body))))
 }
 
 #[cfg(test)]
