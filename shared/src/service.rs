@@ -153,15 +153,11 @@ impl Service {
         let key = id.key();
         let ttl_ms = request.ttl_ms.clamp(1, self.limits.max_ttl_ms);
         let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
-        let started = Instant::now();
-        let mut give_up = started + wait;
-        if let Some(deadline) = deadline {
-            give_up = give_up.min(
-                deadline
-                    .checked_sub(self.backoff.deadline_margin)
-                    .unwrap_or(started),
-            );
-        }
+        let give_up = self
+            .answer_by(deadline)
+            .map_or(Instant::now() + wait, |answer_by| {
+                answer_by.min(Instant::now() + wait)
+            });
         // Losing races is not waiting: a borrow that sees a free slot keeps
         // trying past its `wait`, up to the deadline for writes.
         let write_give_up = self.write_deadline(deadline);
@@ -248,17 +244,22 @@ impl Service {
         }
     }
 
-    /// How long a write may keep retrying conflicts: to the Lambda's deadline
-    /// (less the margin), or a generous bound when there is none.
-    fn write_deadline(&self, deadline: Option<Instant>) -> Instant {
+    /// The Lambda's deadline less the time kept back to send the response.
+    fn answer_by(&self, deadline: Option<Instant>) -> Option<Instant> {
         let now = Instant::now();
-        match deadline {
-            Some(deadline) => deadline
+        deadline.map(|deadline| {
+            deadline
                 .checked_sub(self.backoff.deadline_margin)
                 .unwrap_or(now)
-                .max(now),
-            None => now + WRITE_RETRY_LIMIT,
-        }
+                .max(now)
+        })
+    }
+
+    /// How long a write may keep retrying conflicts: to [`Self::answer_by`],
+    /// or a generous bound when there is no Lambda deadline.
+    fn write_deadline(&self, deadline: Option<Instant>) -> Instant {
+        self.answer_by(deadline)
+            .unwrap_or_else(|| Instant::now() + WRITE_RETRY_LIMIT)
     }
 
     async fn load(&self, key: &PoolKey) -> Result<Versioned, Error> {
