@@ -1,7 +1,7 @@
-//! HTTP in one place: routing, input validation and the error → status/JSON
-//! mapping, shared by every Lambda function and the local server.
+//! HTTP in one place: the route table, input validation and the error →
+//! status/JSON mapping, shared by every Lambda function and the local server.
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use lambda_http::http::{
     self,
@@ -14,10 +14,11 @@ use uuid::Uuid;
 use crate::domain::{PoolState, MAX_COUNT};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId};
-use crate::service::{BorrowRequest, Grant, Service};
+use crate::metrics::RequestLog;
+use crate::service::{BorrowRequest, Call, Grant, Service};
 use crate::store::StoreErrorKind;
 
-/// The five routes of API.md.
+/// The routes of API.md.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Route {
     Register,
@@ -27,34 +28,64 @@ pub enum Route {
     Return,
 }
 
-impl Route {
-    pub const ALL: [Route; 5] = [
-        Route::Register,
-        Route::Inspect,
-        Route::Delete,
+/// Where a route lives: on the pool, `/l/{id}`, or on one of its actions,
+/// `/l/{id}/<action>`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Path {
+    Pool,
+    Action(&'static str),
+}
+
+/// Every route with its method, path and route key (as API Gateway names it;
+/// safe to log). The one table routing, `Allow` and the Lambda adapter read.
+const ROUTES: [(Route, &str, Path, &str); 5] = [
+    (Route::Register, "PUT", Path::Pool, "PUT /l/{id}"),
+    (Route::Inspect, "GET", Path::Pool, "GET /l/{id}"),
+    (Route::Delete, "DELETE", Path::Pool, "DELETE /l/{id}"),
+    (
         Route::Borrow,
+        "POST",
+        Path::Action("borrow"),
+        "POST /l/{id}/borrow",
+    ),
+    (
         Route::Return,
-    ];
+        "POST",
+        Path::Action("return"),
+        "POST /l/{id}/return",
+    ),
+];
+
+impl Route {
+    fn entry(self) -> &'static (Route, &'static str, Path, &'static str) {
+        // Every variant is in the table (a unit test checks it).
+        ROUTES
+            .iter()
+            .find(|(route, ..)| *route == self)
+            .unwrap_or(&ROUTES[0])
+    }
 
     pub fn method(self) -> &'static str {
-        match self {
-            Route::Register => "PUT",
-            Route::Inspect => "GET",
-            Route::Delete => "DELETE",
-            Route::Borrow | Route::Return => "POST",
-        }
+        self.entry().1
     }
 
-    /// The route key as API Gateway names it; safe to log (no id in it).
     pub fn key(self) -> &'static str {
-        match self {
-            Route::Register => "PUT /l/{id}",
-            Route::Inspect => "GET /l/{id}",
-            Route::Delete => "DELETE /l/{id}",
-            Route::Borrow => "POST /l/{id}/borrow",
-            Route::Return => "POST /l/{id}/return",
-        }
+        self.entry().3
     }
+
+    fn path(self) -> Path {
+        self.entry().2
+    }
+}
+
+/// The methods of the routes on `path`, as an `Allow` header lists them.
+fn allow(path: Path) -> String {
+    let methods: Vec<&str> = ROUTES
+        .iter()
+        .filter(|(_, _, p, _)| *p == path)
+        .map(|(_, method, ..)| *method)
+        .collect();
+    methods.join(", ")
 }
 
 /// A finished response: status, JSON body, and `Allow` for a 405.
@@ -62,11 +93,11 @@ impl Route {
 pub struct ApiResponse {
     pub status: u16,
     pub body: Value,
-    pub allow: Option<&'static str>,
+    pub allow: Option<String>,
 }
 
 impl ApiResponse {
-    fn ok(body: Value) -> Self {
+    pub fn ok(body: Value) -> Self {
         ApiResponse {
             status: 200,
             body,
@@ -82,107 +113,98 @@ impl ApiResponse {
             StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let headers = response.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let Some(allow) = self.allow {
-            headers.insert(ALLOW, HeaderValue::from_static(allow));
+        if let Some(allow) = self.allow.and_then(|a| HeaderValue::from_str(&a).ok()) {
+            headers.insert(ALLOW, allow);
         }
         response
     }
 }
 
-/// The only mapping from errors to statuses.
+/// The only mapping from errors to responses: `Error` knows its status and
+/// its message; this adds the JSON shape and `Allow`.
 pub fn error_response(err: &Error) -> ApiResponse {
-    let (status, message) = match err {
-        Error::BadRequest(reason) => (400, reason.clone()),
-        Error::PoolNotFound => (404, "pool not found".to_string()),
-        Error::RouteNotFound => (404, "not found".to_string()),
-        Error::MethodNotAllowed { .. } => (405, "method not allowed".to_string()),
-        Error::Exhausted => (409, "no resource available".to_string()),
-        // Details go to the log; the caller only needs to know it may retry.
-        Error::Store(store) => (
-            502,
-            match store.kind {
-                StoreErrorKind::Throttled => "database throttled the request; retry with backoff",
-                _ => "database call failed; retry with backoff",
-            }
-            .to_string(),
-        ),
-    };
     ApiResponse {
-        status,
-        body: json!({ "error": message }),
+        status: err.status(),
+        body: json!({ "error": err.to_string() }),
         allow: match err {
-            Error::MethodNotAllowed { allow } => Some(allow),
+            Error::MethodNotAllowed { allow } => Some(allow.clone()),
             _ => None,
         },
     }
 }
 
-/// Matches a path against the routes: `/l/{id}` and `/l/{id}/borrow|return`.
-/// Returns the route for `method` and the raw id segment, or 404/405.
-pub fn resolve<'p>(method: &str, path: &'p str) -> Result<(Route, &'p str), Error> {
+/// Splits a path into its `l`, id and optional action segments, ignoring a
+/// trailing slash and a query. `anchored`: the path starts with `/l/`;
+/// otherwise anything may come before the last `/l/` (a stage prefix).
+fn segments(path: &str, anchored: bool) -> Option<(&str, Option<&str>)> {
     let path = path.split('?').next().unwrap_or_default();
-    let mut segments = path.strip_prefix('/').unwrap_or(path).split('/');
-    let (Some("l"), Some(id)) = (segments.next(), segments.next()) else {
-        return Err(Error::RouteNotFound);
+    let path = path.strip_suffix('/').unwrap_or(path);
+    let parts: Vec<&str> = path.split('/').collect();
+    let l = if anchored {
+        (parts.first() == Some(&"") && parts.get(1) == Some(&"l")).then_some(1)?
+    } else {
+        parts
+            .iter()
+            .rposition(|p| *p == "l")
+            .filter(|&i| i + 3 >= parts.len())?
     };
-    if id.is_empty() {
-        return Err(Error::RouteNotFound);
+    match &parts[l + 1..] {
+        [id] if !id.is_empty() => Some((id, None)),
+        [id, action] if !id.is_empty() => Some((id, Some(action))),
+        _ => None,
     }
-    let routes: &[Route] = match (segments.next(), segments.next()) {
-        (None, _) => &[Route::Register, Route::Inspect, Route::Delete],
-        (Some("borrow"), None) => &[Route::Borrow],
-        (Some("return"), None) => &[Route::Return],
-        _ => return Err(Error::RouteNotFound),
-    };
-    match routes.iter().find(|r| r.method() == method) {
-        Some(route) => Ok((*route, id)),
-        None => Err(Error::MethodNotAllowed {
-            allow: if routes.len() == 1 {
-                "POST"
-            } else {
-                "PUT, GET, DELETE"
-            },
+}
+
+/// Which path of the table `action` names.
+fn path_of(action: Option<&str>) -> Option<Path> {
+    match action {
+        None => Some(Path::Pool),
+        Some(action) => ROUTES.iter().find_map(|(_, _, path, _)| match path {
+            Path::Action(a) if *a == action => Some(*path),
+            _ => None,
         }),
     }
 }
 
-/// Finds the id in a raw path for `route`, when no path parameter was given
-/// (Function URL, `cargo lambda watch`, a stage prefix): the segment after the
-/// last `/l/`.
-pub fn id_from_path(route: Route, path: &str) -> Option<&str> {
-    let path = path.split('?').next().unwrap_or_default();
-    let mut segments: Vec<&str> = path.split('/').collect();
-    if segments.last() == Some(&"") {
-        segments.pop();
-    }
-    let tail = match route {
-        Route::Borrow => Some("borrow"),
-        Route::Return => Some("return"),
-        _ => None,
-    };
-    if let Some(tail) = tail {
-        if segments.pop() != Some(tail) {
-            return None;
-        }
-    }
-    let id = segments.pop()?;
-    (segments.pop() == Some("l")).then_some(id)
+/// Matches a request against the table: the route for `method` on `path` and
+/// the raw id segment, or 404 (no such path) / 405 (with the right methods).
+pub fn resolve<'p>(method: &str, path: &'p str) -> Result<(Route, &'p str), Error> {
+    let (id, action) = segments(path, true).ok_or(Error::RouteNotFound)?;
+    let path = path_of(action).ok_or(Error::RouteNotFound)?;
+    ROUTES
+        .iter()
+        .find(|(_, m, p, _)| *p == path && *m == method)
+        .map(|(route, ..)| (*route, id))
+        .ok_or_else(|| Error::MethodNotAllowed { allow: allow(path) })
 }
 
-/// Runs one request on `route` for the raw id segment and JSON body.
-/// `deadline` is the Lambda's: a borrow never waits past it.
+/// Finds the id in a raw path for `route`, when no path parameter was given
+/// (Function URL, `cargo lambda watch`, a stage prefix): the segment after the
+/// last `/l/`, with the route's action after it.
+pub fn id_from_path(route: Route, path: &str) -> Option<&str> {
+    let (id, action) = segments(path, false)?;
+    (path_of(action) == Some(route.path())).then_some(id)
+}
+
+/// Runs one request on `route` for the raw id segment and JSON body, and
+/// writes its log line. `call` carries the Lambda deadline (a borrow never
+/// waits past it) and collects what the request cost.
 pub async fn handle(
     service: &Service,
     route: Route,
     raw_id: &str,
     body: &[u8],
-    deadline: Option<Instant>,
+    call: &mut Call,
 ) -> ApiResponse {
-    match dispatch(service, route, raw_id, body, deadline).await {
+    match dispatch(service, route, raw_id, body, call).await {
         Ok(response) => response,
         Err(err) => {
             if let Error::Store(store) = &err {
-                tracing::warn!(route = route.key(), error = %store, "database call failed");
+                if store.kind == StoreErrorKind::Corrupt {
+                    tracing::error!(route = route.key(), error = %store, "stored pool cannot be read");
+                } else {
+                    tracing::warn!(route = route.key(), error = %store, "database call failed");
+                }
             }
             error_response(&err)
         }
@@ -194,49 +216,51 @@ async fn dispatch(
     route: Route,
     raw_id: &str,
     body: &[u8],
-    deadline: Option<Instant>,
+    call: &mut Call,
 ) -> Result<ApiResponse, Error> {
     let id = parse_pool_id(raw_id)?;
     match route {
         Route::Register => {
             let count = parse_count(&parse_object(body)?)?;
-            let state = service.register(id, count, deadline).await?;
+            let state = service.register(id, count, call).await?;
             Ok(ApiResponse::ok(state_body(id, state)))
         }
         Route::Inspect => {
-            let state = service.inspect(id).await?;
+            let state = service.inspect(id, call).await?;
             Ok(ApiResponse::ok(state_body(id, state)))
         }
         Route::Delete => {
-            let deleted = service.delete(id).await?;
+            let deleted = service.delete(id, call).await?;
             Ok(ApiResponse::ok(json!({ "deleted": deleted })))
         }
         Route::Borrow => {
             let request = parse_borrow(&parse_object(body)?)?;
-            let grant = service.borrow(id, request, deadline).await?;
+            let grant = service.borrow(id, request, call).await?;
             Ok(ApiResponse::ok(grant_body(&grant)))
         }
         Route::Return => {
             let lease = parse_lease(&parse_object(body)?)?;
-            let returned = service.return_lease(id, lease, deadline).await?;
+            let returned = service.return_lease(id, lease, call).await?;
             Ok(ApiResponse::ok(json!({ "returned": returned })))
         }
     }
 }
 
-/// One log line per request, without secrets: the route key, the pool id's
-/// first 8 hex digits, the status and the latency.
-pub fn log_request(route_key: &str, raw_id: Option<&str>, status: u16, elapsed: Duration) {
-    let pool = raw_id
-        .and_then(|raw| parse_pool_id(raw).ok())
-        .map_or_else(|| "-".to_string(), |id| id.to_string());
-    tracing::info!(
-        route = route_key,
-        pool = %pool,
-        status,
-        ms = elapsed.as_millis() as u64,
-        "request"
-    );
+/// The log line of one request: never a whole UUID.
+pub fn request_log<'a>(
+    route_key: &'a str,
+    raw_id: Option<&str>,
+    response: &ApiResponse,
+    started: Instant,
+    call: &Call,
+) -> RequestLog<'a> {
+    RequestLog {
+        route: route_key,
+        pool: raw_id.and_then(|raw| parse_pool_id(raw).ok()),
+        status: response.status,
+        duration: started.elapsed(),
+        stats: call.stats,
+    }
 }
 
 fn bad(reason: impl Into<String>) -> Error {
@@ -276,7 +300,8 @@ pub fn parse_count(body: &Map<String, Value>) -> Result<u16, Error> {
 }
 
 /// `ttl` (required, > 0) and `wait` (default 0, ≥ 0), in seconds with
-/// fractions, kept as milliseconds. Clamping to the maximums is the service's.
+/// fractions, kept as milliseconds; `lease` (optional), a client-chosen UUID
+/// that makes the borrow idempotent. Clamping is the service's.
 pub fn parse_borrow(body: &Map<String, Value>) -> Result<BorrowRequest, Error> {
     let ttl = match body.get("ttl") {
         None => return Err(bad("ttl is required")),
@@ -289,10 +314,21 @@ pub fn parse_borrow(body: &Map<String, Value>) -> Result<BorrowRequest, Error> {
             .filter(|w| *w >= 0.0)
             .ok_or_else(|| bad("wait must be a number of seconds, 0 or more"))?,
     };
+    let lease = match body.get("lease") {
+        None => None,
+        Some(_) => Some(parse_lease(body).and_then(|lease| {
+            if lease.0.is_nil() {
+                Err(bad("lease must not be the nil UUID"))
+            } else {
+                Ok(lease)
+            }
+        })?),
+    };
     Ok(BorrowRequest {
         // A positive ttl never rounds to an already-expired lease.
         ttl_ms: to_ms(ttl).max(1),
         wait_ms: to_ms(wait),
+        lease,
     })
 }
 
@@ -335,7 +371,8 @@ fn grant_body(grant: &Grant) -> Value {
         "lease": grant.lease.0.hyphenated().to_string(),
         "position": grant.position,
         "expires_at_unix": grant.expires_at_ms / 1000,
-        "expires_in": seconds_value(grant.ttl_ms),
+        "expires_in": seconds_value(grant.expires_in_ms),
+        "fence": grant.fence,
     })
 }
 
@@ -361,6 +398,25 @@ mod tests {
     }
 
     #[test]
+    fn every_route_is_in_the_table() {
+        for route in [
+            Route::Register,
+            Route::Inspect,
+            Route::Delete,
+            Route::Borrow,
+            Route::Return,
+        ] {
+            assert!(ROUTES.iter().any(|(r, ..)| *r == route), "{route:?}");
+            let path = match route.path() {
+                Path::Pool => "/l/x".to_string(),
+                Path::Action(action) => format!("/l/x/{action}"),
+            };
+            assert_eq!(resolve(route.method(), &path), Ok((route, "x")));
+            assert_eq!(id_from_path(route, &path), Some("x"));
+        }
+    }
+
+    #[test]
     fn routes_resolve_like_api_gateway() {
         let id = "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01";
         assert_eq!(
@@ -372,7 +428,7 @@ mod tests {
             Ok((Route::Inspect, id))
         );
         assert_eq!(
-            resolve("DELETE", &format!("/l/{id}")),
+            resolve("DELETE", &format!("/l/{id}/")),
             Ok((Route::Delete, id))
         );
         assert_eq!(
@@ -392,21 +448,24 @@ mod tests {
             "/l",
             "/l/",
             "/x/1",
+            "/prod/l/1",
             &format!("/l/{id}/renew"),
             &format!("/l/{id}/borrow/x"),
         ] {
             assert_eq!(resolve("GET", path), Err(Error::RouteNotFound), "{path}");
         }
-        assert!(matches!(
+        assert_eq!(
             resolve("POST", &format!("/l/{id}")),
             Err(Error::MethodNotAllowed {
-                allow: "PUT, GET, DELETE"
+                allow: "PUT, GET, DELETE".into()
             })
-        ));
-        assert!(matches!(
+        );
+        assert_eq!(
             resolve("GET", &format!("/l/{id}/borrow")),
-            Err(Error::MethodNotAllowed { allow: "POST" })
-        ));
+            Err(Error::MethodNotAllowed {
+                allow: "POST".into()
+            })
+        );
     }
 
     #[test]
@@ -417,6 +476,7 @@ mod tests {
         assert_eq!(id_from_path(Route::Borrow, "/l/abc/return"), None);
         assert_eq!(id_from_path(Route::Return, "/l/abc"), None);
         assert_eq!(id_from_path(Route::Inspect, "/x/abc"), None);
+        assert_eq!(id_from_path(Route::Inspect, "/l/abc/x/y"), None);
     }
 
     #[test]
@@ -461,13 +521,21 @@ mod tests {
     #[test]
     fn borrow_rules() {
         let r = parse_borrow(&obj(r#"{"ttl":1.5}"#)).unwrap();
-        assert_eq!((r.ttl_ms, r.wait_ms), (1500, 0));
+        assert_eq!((r.ttl_ms, r.wait_ms, r.lease), (1500, 0, None));
         let r = parse_borrow(&obj(r#"{"ttl":30,"wait":0.25}"#)).unwrap();
         assert_eq!((r.ttl_ms, r.wait_ms), (30_000, 250));
         let r = parse_borrow(&obj(r#"{"ttl":0.0001,"wait":0}"#)).unwrap();
         assert_eq!(r.ttl_ms, 1, "positive ttl keeps at least 1 ms");
         let r = parse_borrow(&obj(r#"{"ttl":1e300,"wait":1e300}"#)).unwrap();
         assert_eq!((r.ttl_ms, r.wait_ms), (u64::MAX, u64::MAX));
+        let r = parse_borrow(&obj(
+            r#"{"ttl":1,"lease":"3A7D0B14-9E2C-4F6A-8B1D-0C5E2F9A7B34"}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            r.lease.map(|l| l.0.hyphenated().to_string()),
+            Some("3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34".to_string())
+        );
         for body in [
             r#"{}"#,
             r#"{"wait":1}"#,
@@ -479,6 +547,10 @@ mod tests {
             r#"{"ttl":30,"wait":"1"}"#,
             r#"{"ttl":30,"wait":null}"#,
             r#"{"ttl":30,"wait":false}"#,
+            r#"{"ttl":30,"lease":"x"}"#,
+            r#"{"ttl":30,"lease":null}"#,
+            r#"{"ttl":30,"lease":7}"#,
+            r#"{"ttl":30,"lease":"00000000-0000-0000-0000-000000000000"}"#,
         ] {
             assert!(is_bad(parse_borrow(&obj(body))), "{body}");
         }
@@ -504,26 +576,43 @@ mod tests {
     #[test]
     fn every_error_is_json_with_the_contract_status() {
         use crate::store::StoreError;
+        let store = |kind| Error::Store(StoreError::new(kind, "details stay in the log"));
         let cases = [
             (Error::BadRequest("x".into()), 400),
             (Error::PoolNotFound, 404),
             (Error::RouteNotFound, 404),
-            (Error::MethodNotAllowed { allow: "POST" }, 405),
-            (Error::Exhausted, 409),
             (
-                Error::Store(StoreError::new(StoreErrorKind::Throttled, "t")),
-                502,
+                Error::MethodNotAllowed {
+                    allow: "POST".into(),
+                },
+                405,
             ),
+            (Error::Exhausted, 409),
+            (Error::Contention, 502),
+            (store(StoreErrorKind::Throttled), 502),
+            (store(StoreErrorKind::TimedOut), 502),
+            (store(StoreErrorKind::Unavailable), 502),
+            (store(StoreErrorKind::Corrupt), 500),
         ];
         for (err, status) in cases {
             let response = error_response(&err);
-            assert_eq!(response.status, status);
-            assert!(response.body["error"].is_string());
+            assert_eq!(response.status, status, "{err:?}");
+            let message = response.body["error"].as_str().unwrap();
+            assert!(!message.contains("details"), "{message}");
+            assert_eq!(response.body.as_object().unwrap().len(), 1);
         }
         assert_eq!(
             error_response(&Error::Exhausted).body,
             json!({"error": "no resource available"})
         );
+        assert!(error_response(&Error::Contention).body["error"]
+            .as_str()
+            .unwrap()
+            .contains("contention"));
+        let allow = error_response(&Error::MethodNotAllowed {
+            allow: "POST".into(),
+        });
+        assert_eq!(allow.into_http().headers()[ALLOW], "POST");
     }
 
     #[test]

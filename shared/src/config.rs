@@ -1,5 +1,9 @@
 //! Configuration from the environment, and building the app state once per
 //! process (Lambda init or local server start).
+//!
+//! Each setting has one valid range, decided here; the SAM template's
+//! `MinValue`/`MaxValue` are the same numbers, and anything outside them is
+//! refused at start with a one-line message naming the variable.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +15,14 @@ use aws_sdk_dynamodb::config::Credentials;
 use crate::service::{Limits, Service};
 use crate::store::{DynamoDbStore, PoolStore};
 
+/// `MAX_TTL_SECONDS`: 1 s to a year.
+pub const TTL_SECONDS: (f64, f64) = (1.0, 31_536_000.0);
+/// `MAX_WAIT_SECONDS`: 0 (never block) to 25 s. A borrow's Lambda has 29 s:
+/// 25 s of waiting, one full store call (2.5 s) and the 0.3 s margin fit.
+pub const WAIT_SECONDS: (f64, f64) = (0.0, 25.0);
+/// `MAX_WAITERS`: 1 to 1000 tickets per pool (23 bytes each in the item).
+pub const WAITERS: (u64, u64) = (1, 1000);
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
     pub table_name: String,
@@ -18,8 +30,7 @@ pub struct Config {
 }
 
 impl Config {
-    /// `TABLE_NAME` (required), `MAX_TTL_SECONDS` (default 3600),
-    /// `MAX_WAIT_SECONDS` (default 25).
+    /// `TABLE_NAME` (required) and the limits of [`limits_from_lookup`].
     pub fn from_env() -> Result<Self, String> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -35,33 +46,44 @@ impl Config {
     }
 }
 
-/// `MAX_TTL_SECONDS` (default 3600) and `MAX_WAIT_SECONDS` (default 25).
+/// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25) and
+/// `MAX_WAITERS` (default 100).
 pub fn limits_from_env() -> Result<Limits, String> {
     limits_from_lookup(|name| std::env::var(name).ok())
 }
 
-fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits, String> {
-    {
-        let defaults = Limits::default();
-        let seconds = |name: &str, default_ms: u64| -> Result<u64, String> {
-            match var(name) {
-                None => Ok(default_ms),
-                Some(raw) => raw
-                    .trim()
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|s| s.is_finite() && *s > 0.0)
-                    .map(|s| (s * 1000.0).round() as u64)
-                    .ok_or(format!(
-                        "{name} must be a positive number of seconds, got {raw:?}"
-                    )),
-            }
-        };
-        Ok(Limits {
-            max_ttl_ms: seconds("MAX_TTL_SECONDS", defaults.max_ttl_ms)?,
-            max_wait_ms: seconds("MAX_WAIT_SECONDS", defaults.max_wait_ms)?,
-        })
-    }
+pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits, String> {
+    let defaults = Limits::default();
+    let seconds = |name: &str, (min, max): (f64, f64), default_ms: u64| match var(name) {
+        None => Ok(default_ms),
+        Some(raw) => raw
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|s| (min..=max).contains(s))
+            .map(|s| (s * 1000.0).round() as u64)
+            .ok_or(format!(
+                "{name} must be a number of seconds from {min} to {max}, got {raw:?}"
+            )),
+    };
+    let max_waiters = match var("MAX_WAITERS") {
+        None => defaults.max_waiters,
+        Some(raw) => raw
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (WAITERS.0..=WAITERS.1).contains(n))
+            .map(|n| n as usize)
+            .ok_or(format!(
+                "MAX_WAITERS must be a whole number from {} to {}, got {raw:?}",
+                WAITERS.0, WAITERS.1
+            ))?,
+    };
+    Ok(Limits {
+        max_ttl_ms: seconds("MAX_TTL_SECONDS", TTL_SECONDS, defaults.max_ttl_ms)?,
+        max_wait_ms: seconds("MAX_WAIT_SECONDS", WAIT_SECONDS, defaults.max_wait_ms)?,
+        max_waiters,
+    })
 }
 
 /// A DynamoDB client. With `endpoint` (DynamoDB Local) it needs no AWS account:
@@ -70,8 +92,10 @@ fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits, St
 pub async fn dynamodb_client(endpoint: Option<&str>) -> aws_sdk_dynamodb::Client {
     let timeouts = TimeoutConfig::builder()
         .connect_timeout(Duration::from_secs(1))
-        // One slow attempt must not eat a borrower's whole wait.
-        .operation_attempt_timeout(Duration::from_secs(3))
+        // A hung attempt is retried by the SDK; the whole call (retries
+        // included) ends in time for the service to answer in JSON.
+        .operation_attempt_timeout(Duration::from_millis(1_200))
+        .operation_timeout(Duration::from_millis(2_500))
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(endpoint) = endpoint {
@@ -91,8 +115,15 @@ pub async fn dynamodb_client(endpoint: Option<&str>) -> aws_sdk_dynamodb::Client
 /// The app state a Lambda builds once at init: config from the environment and
 /// one DynamoDB client.
 pub async fn service_from_env() -> Result<Service, String> {
-    let config = Config::from_env()?;
-    let client = dynamodb_client(None).await;
+    service_from_lookup(|name| std::env::var(name).ok()).await
+}
+
+/// [`service_from_env`] with the variables from `var`; the DynamoDB endpoint
+/// from `AWS_ENDPOINT_URL_DYNAMODB` when it sets one.
+pub async fn service_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Service, String> {
+    let config = Config::from_lookup(&var)?;
+    let endpoint = var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty());
+    let client = dynamodb_client(endpoint.as_deref()).await;
     let store: Arc<dyn PoolStore> = Arc::new(DynamoDbStore::new(client, config.table_name));
     Ok(Service::new(store, config.limits))
 }
@@ -114,28 +145,66 @@ mod tests {
         }
     }
 
+    fn limits(pairs: &[(&str, &str)]) -> Result<Limits, String> {
+        limits_from_lookup(lookup(pairs))
+    }
+
     #[test]
     fn defaults_and_overrides() {
         let config = Config::from_lookup(lookup(&[("TABLE_NAME", "t")])).unwrap();
         assert_eq!(config.limits, Limits::default());
-        let config = Config::from_lookup(lookup(&[
-            ("TABLE_NAME", "t"),
+        let l = limits(&[
             ("MAX_TTL_SECONDS", "60"),
             ("MAX_WAIT_SECONDS", "2.5"),
-        ]))
+            ("MAX_WAITERS", "7"),
+        ])
         .unwrap();
-        assert_eq!(config.limits.max_ttl_ms, 60_000);
-        assert_eq!(config.limits.max_wait_ms, 2_500);
+        assert_eq!(
+            (l.max_ttl_ms, l.max_wait_ms, l.max_waiters),
+            (60_000, 2_500, 7)
+        );
     }
 
     #[test]
-    fn bad_values_fail_at_init() {
+    fn the_ends_of_every_range_are_valid() {
+        let l = limits(&[
+            ("MAX_TTL_SECONDS", "1"),
+            ("MAX_WAIT_SECONDS", "0"),
+            ("MAX_WAITERS", "1"),
+        ])
+        .unwrap();
+        assert_eq!((l.max_ttl_ms, l.max_wait_ms, l.max_waiters), (1_000, 0, 1));
+        let l = limits(&[
+            ("MAX_TTL_SECONDS", "31536000"),
+            ("MAX_WAIT_SECONDS", "25"),
+            ("MAX_WAITERS", "1000"),
+        ])
+        .unwrap();
+        assert_eq!(
+            (l.max_ttl_ms, l.max_wait_ms, l.max_waiters),
+            (31_536_000_000, 25_000, 1000)
+        );
+    }
+
+    #[test]
+    fn values_outside_their_range_fail_at_start_naming_the_variable() {
         assert!(Config::from_lookup(lookup(&[])).is_err());
-        assert!(
-            Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("MAX_TTL_SECONDS", "x")])).is_err()
-        );
-        assert!(
-            Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("MAX_WAIT_SECONDS", "0")])).is_err()
-        );
+        for (name, value) in [
+            ("MAX_TTL_SECONDS", "x"),
+            ("MAX_TTL_SECONDS", "0.0004"),
+            ("MAX_TTL_SECONDS", "0.9"),
+            ("MAX_TTL_SECONDS", "1e300"),
+            ("MAX_TTL_SECONDS", "NaN"),
+            ("MAX_WAIT_SECONDS", "-1"),
+            ("MAX_WAIT_SECONDS", "25.5"),
+            ("MAX_WAIT_SECONDS", "inf"),
+            ("MAX_WAITERS", "0"),
+            ("MAX_WAITERS", "1001"),
+            ("MAX_WAITERS", "2.5"),
+        ] {
+            let err = limits(&[(name, value)]).unwrap_err();
+            assert!(err.starts_with(name), "{name}={value}: {err}");
+            assert!(!err.contains('\n'));
+        }
     }
 }

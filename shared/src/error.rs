@@ -1,9 +1,10 @@
-//! The one error type. `api::error_response` is the only place that turns it
-//! into a status code.
+//! The one error type, with the one place that says what each error means to
+//! a client: its status and its message. Details (a database's own error
+//! text) go to the log, never into a response.
 
 use std::fmt;
 
-use crate::store::StoreError;
+use crate::store::{StoreError, StoreErrorKind};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Error {
@@ -11,14 +12,32 @@ pub enum Error {
     BadRequest(String),
     /// No pool exists for that id (never registered, or deleted).
     PoolNotFound,
-    /// Borrow got no slot within `wait`.
+    /// Borrow got no slot within `wait` (or no place to wait in).
     Exhausted,
     /// No such route.
     RouteNotFound,
     /// A known path with the wrong method; `allow` lists the right ones.
-    MethodNotAllowed { allow: &'static str },
-    /// A database call failed; retryable.
+    MethodNotAllowed { allow: String },
+    /// Every write of this request lost to another writer of the pool until
+    /// its time ran out. Nothing was written; retryable.
+    Contention,
+    /// A database call failed or timed out (retryable), or a stored pool
+    /// cannot be read (a bug).
     Store(StoreError),
+}
+
+impl Error {
+    /// The HTTP status API.md gives this error.
+    pub fn status(&self) -> u16 {
+        match self {
+            Error::BadRequest(_) => 400,
+            Error::PoolNotFound | Error::RouteNotFound => 404,
+            Error::MethodNotAllowed { .. } => 405,
+            Error::Exhausted => 409,
+            Error::Store(err) if err.kind == StoreErrorKind::Corrupt => 500,
+            Error::Contention | Error::Store(_) => 502,
+        }
+    }
 }
 
 impl From<StoreError> for Error {
@@ -27,16 +46,23 @@ impl From<StoreError> for Error {
     }
 }
 
+/// The client-facing message: the `error` of the JSON body.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Error::BadRequest(reason) => f.write_str(reason),
-            Error::PoolNotFound => f.write_str("pool not found"),
-            Error::Exhausted => f.write_str("no resource available"),
-            Error::RouteNotFound => f.write_str("no such route"),
-            Error::MethodNotAllowed { .. } => f.write_str("method not allowed"),
-            Error::Store(err) => write!(f, "database call failed: {err}"),
-        }
+        f.write_str(match self {
+            Error::BadRequest(reason) => reason,
+            Error::PoolNotFound => "pool not found",
+            Error::Exhausted => "no resource available",
+            Error::RouteNotFound => "not found",
+            Error::MethodNotAllowed { .. } => "method not allowed",
+            Error::Contention => "too much contention on this pool; retry with backoff",
+            Error::Store(err) => match err.kind {
+                StoreErrorKind::Corrupt => "a stored pool cannot be read (a server bug)",
+                StoreErrorKind::Throttled => "database throttled the request; retry with backoff",
+                StoreErrorKind::TimedOut => "database did not answer in time; retry with backoff",
+                StoreErrorKind::Unavailable => "database call failed; retry with backoff",
+            },
+        })
     }
 }
 

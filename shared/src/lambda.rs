@@ -1,5 +1,5 @@
 //! The Lambda entrypoint: an API Gateway HTTP API (or Function URL) event in,
-//! one route's response out.
+//! one route's response out, and one EMF log line per request.
 
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
@@ -8,7 +8,8 @@ use lambda_http::{Body, Request, RequestExt, Response};
 
 use crate::api::{self, ApiResponse, Route};
 use crate::error::Error;
-use crate::service::{now_ms, Service};
+use crate::metrics::LogFormat;
+use crate::service::{now_ms, Call, Service};
 
 /// Handles one request for `route`. The id comes from the `id` path parameter,
 /// or from the raw path when there is none (Function URL, `cargo lambda watch`).
@@ -18,32 +19,29 @@ pub async fn handle(
     request: Request,
 ) -> Result<Response<Body>, Infallible> {
     let started = Instant::now();
+    let path = request_path(&request);
     let path_param = request
         .path_parameters_ref()
         .and_then(|params| params.first("id"))
         .map(str::to_owned);
-    let raw_id =
-        path_param.or_else(|| api::id_from_path(route, request_path(&request)).map(str::to_owned));
+    let raw_id = path_param.or_else(|| api::id_from_path(route, path).map(str::to_owned));
+    let deadline = request
+        .lambda_context_ref()
+        .and_then(|c| deadline_instant(c.deadline));
+    let mut call = Call::new(deadline);
     let response = match raw_id.as_deref() {
         None => api::error_response(&Error::RouteNotFound),
+        // The same 405 (and `Allow`) the local server gives for this path.
         Some(_) if request.method().as_str() != route.method() => {
-            api::error_response(&Error::MethodNotAllowed {
-                allow: route.method(),
-            })
+            match api::resolve(request.method().as_str(), path) {
+                Err(err) => api::error_response(&err),
+                Ok(_) => api::error_response(&Error::RouteNotFound),
+            }
         }
-        Some(id) => {
-            let deadline = request
-                .lambda_context_ref()
-                .and_then(|c| deadline_instant(c.deadline));
-            api::handle(service, route, id, body_bytes(request.body()), deadline).await
-        }
+        Some(id) => api::handle(service, route, id, body_bytes(request.body()), &mut call).await,
     };
-    api::log_request(
-        route.key(),
-        raw_id.as_deref(),
-        response.status,
-        started.elapsed(),
-    );
+    api::request_log(route.key(), raw_id.as_deref(), &response, started, &call)
+        .emit(LogFormat::Json);
     Ok(into_response(response))
 }
 
@@ -58,7 +56,7 @@ pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
         Ok(_) => Error::RouteNotFound,
     };
     let response = api::error_response(&err);
-    api::log_request("$default", None, response.status, started.elapsed());
+    api::request_log("$default", None, &response, started, &Call::default()).emit(LogFormat::Json);
     Ok(into_response(response))
 }
 

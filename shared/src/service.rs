@@ -1,19 +1,28 @@
-//! The operations of the API: each is read → decide (domain) → conditional
-//! write, retried on conflict with the fresh record the conflict handed back.
+//! The operations of the API: read → decide (domain) → conditional write,
+//! decided again from the record a lost write hands back.
+//!
+//! Every store call is bounded by the time the request has left, so every
+//! answer — a 502 included — comes before anyone else's deadline. A write
+//! whose outcome is unknown (an error after it may have landed) is never
+//! taken as failed: the service reads again and recognises its own lease,
+//! ticket, return or pool, so no slot is stranded by an answer nobody got.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::domain::{Exhausted, Pool, PoolState};
+use crate::domain::{BorrowPlan, JoinPlan, Lease, Pool, PoolState, Ticket, Update};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
-use crate::store::{Created, PoolStore, Replaced, StoreError, StoreErrorKind, Versioned};
+use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 
-/// Clamps applied to `ttl` and `wait` (API.md: clamped, never rejected).
+/// Bounds applied to requests (API.md: `ttl` and `wait` are clamped, never
+/// rejected), and the most borrowers that may wait on one pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     pub max_ttl_ms: u64,
     pub max_wait_ms: u64,
+    pub max_waiters: usize,
 }
 
 impl Default for Limits {
@@ -22,35 +31,54 @@ impl Default for Limits {
             max_ttl_ms: 3_600_000,
             // API Gateway's HTTP API cuts every request at 30 s.
             max_wait_ms: 25_000,
+            // 100 tickets of 23 bytes keep a pool item within a few write units.
+            max_waiters: 100,
         }
     }
 }
 
-/// How a waiting borrower polls, and how a writer that lost a race backs off.
-/// The defaults keep a waiter under ~20 reads/s while a return is seen within
-/// ~100 ms; expiries are slept to exactly.
+/// How waiters poll, how lost races and failed calls are retried, and how
+/// much time every request keeps in hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Backoff {
-    /// Polling a full pool: `first · 2^n`, capped, jittered in [½, 1].
-    pub first: Duration,
-    pub cap: Duration,
-    /// After a lost conditional write: uniform in [0, `conflict_first · 2^(n-1)`],
-    /// capped. Retrying at once makes every loser collide again (measured:
-    /// 0.2 successful writes per attempt at 16 clients, 0.68 with this nap).
+pub struct Timing {
+    /// The head of the queue reads every `poll` (jittered to ½–1×), so it
+    /// sees a return within ~`poll`; a waiter `k` places further back,
+    /// which cannot be served sooner, reads `k + 1` times less often, up to
+    /// `poll_cap`. Expiries are slept to exactly.
+    pub poll: Duration,
+    pub poll_cap: Duration,
+    /// After a failed store call: full jitter in `[0, first · 2^n]`, capped.
+    pub retry_first: Duration,
+    pub retry_cap: Duration,
+    /// After the third lost write in a row, the same kind of nap (a lost
+    /// write is otherwise retried at once with the record it handed back).
     pub conflict_first: Duration,
     pub conflict_cap: Duration,
+    /// Longest one store call may take (the SDK also has its own timeouts).
+    pub call_timeout: Duration,
     /// Time kept back from the Lambda deadline to send the response.
     pub deadline_margin: Duration,
+    /// Without a Lambda deadline (local server): how long past its `wait` a
+    /// request may take to answer.
+    pub local_budget: Duration,
+    /// Kept back from the answer-by time when a waiter stops waiting, to
+    /// cancel its ticket (or find it granted) before answering.
+    pub cancel_reserve: Duration,
 }
 
-impl Default for Backoff {
+impl Default for Timing {
     fn default() -> Self {
-        Backoff {
-            first: Duration::from_millis(15),
-            cap: Duration::from_millis(90),
+        Timing {
+            poll: Duration::from_millis(50),
+            poll_cap: Duration::from_secs(2),
+            retry_first: Duration::from_millis(20),
+            retry_cap: Duration::from_millis(400),
             conflict_first: Duration::from_millis(10),
             conflict_cap: Duration::from_millis(100),
+            call_timeout: Duration::from_millis(2_500),
             deadline_margin: Duration::from_millis(300),
+            local_budget: Duration::from_millis(4_500),
+            cancel_reserve: Duration::from_millis(1_500),
         }
     }
 }
@@ -61,21 +89,47 @@ pub struct Grant {
     pub lease: LeaseId,
     pub position: u16,
     pub expires_at_ms: u64,
-    /// The effective ttl after clamping.
-    pub ttl_ms: u64,
+    /// What the borrower is told it has: the clamped ttl for a new grant, the
+    /// time left for an idempotent repeat.
+    pub expires_in_ms: u64,
+    pub fence: u64,
 }
 
-/// Borrow parameters after validation and clamping.
+/// Borrow parameters after validation (clamping is the service's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BorrowRequest {
     pub ttl_ms: u64,
     pub wait_ms: u64,
+    /// A client-chosen lease id, making the borrow idempotent.
+    pub lease: Option<LeaseId>,
 }
 
-pub struct Service {
-    store: Arc<dyn PoolStore>,
-    limits: Limits,
-    backoff: Backoff,
+/// What one request cost, for its log line and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub store_calls: u32,
+    /// Store calls that failed (errors and timeouts).
+    pub store_errors: u32,
+    /// Conditional writes lost to another writer.
+    pub conflicts: u32,
+    /// Time spent waiting for a slot (sleeping between polls).
+    pub waited: Duration,
+}
+
+/// One request in flight: its Lambda deadline, if any, and what it cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Call {
+    pub deadline: Option<Instant>,
+    pub stats: Stats,
+}
+
+impl Call {
+    pub fn new(deadline: Option<Instant>) -> Self {
+        Call {
+            deadline,
+            stats: Stats::default(),
+        }
+    }
 }
 
 pub fn now_ms() -> u64 {
@@ -85,22 +139,51 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+pub struct Service {
+    store: Arc<dyn PoolStore>,
+    limits: Limits,
+    timing: Timing,
+}
+
+/// A request's working state: when it must answer by, and its store calls.
+struct Ctx<'a> {
+    store: &'a dyn PoolStore,
+    timing: Timing,
+    answer_by: Instant,
+    stats: &'a mut Stats,
+    jitter: Jitter,
+}
+
 impl Service {
     pub fn new(store: Arc<dyn PoolStore>, limits: Limits) -> Self {
         Service {
             store,
             limits,
-            backoff: Backoff::default(),
+            timing: Timing::default(),
         }
     }
 
-    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
+    pub fn with_timing(mut self, timing: Timing) -> Self {
+        self.timing = timing;
         self
     }
 
-    pub fn limits(&self) -> Limits {
-        self.limits
+    fn ctx<'a>(&'a self, call: &'a mut Call, wait: Duration) -> Ctx<'a> {
+        let now = Instant::now();
+        let answer_by = match call.deadline {
+            Some(deadline) => deadline
+                .checked_sub(self.timing.deadline_margin)
+                .unwrap_or(now)
+                .max(now),
+            None => now + wait + self.timing.local_budget,
+        };
+        Ctx {
+            store: self.store.as_ref(),
+            timing: self.timing,
+            answer_by,
+            stats: &mut call.stats,
+            jitter: Jitter::new(),
+        }
     }
 
     /// `PUT`: creates the pool, or sets its count keeping live leases.
@@ -108,111 +191,87 @@ impl Service {
         &self,
         id: PoolId,
         count: u16,
-        deadline: Option<Instant>,
+        call: &mut Call,
     ) -> Result<PoolState, Error> {
         let key = id.key();
-        let give_up = self.write_deadline(deadline);
-        let mut conflicts = Conflicts::new();
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        let mut fresh = Record::new(Pool::new(count, now_ms()));
+        let mut lost = 0u32;
         loop {
-            let now = now_ms();
-            let current = match self.store.create(&key, &Pool::new(count)).await? {
-                Created::Created(_) => return Ok(Pool::new(count).state(now)),
-                Created::Exists(current) => current,
+            let current = match ctx.call(ctx.store.create(&key, &fresh)).await {
+                Ok(Created::Created(record)) => return Ok(record.pool.state(now_ms())),
+                Ok(Created::Exists(current)) => current,
+                // Unknown outcome: our create may have landed.
+                Err(err) => match ctx.reload(&key, err).await? {
+                    Some(current) if current.incarnation == fresh.incarnation => {
+                        return Ok(current.pool.state(now_ms()));
+                    }
+                    Some(current) => current,
+                    None => continue,
+                },
             };
-            let mut pool = current.pool.clone();
-            if !pool.resize(count, now) {
-                return Ok(pool.state(now));
+            let Some(update) = current.pool.plan_resize(count) else {
+                return Ok(current.pool.state(now_ms()));
+            };
+            match ctx.write(&key, current.incarnation, &update).await {
+                Ok(Updated::Written(record)) => return Ok(record.pool.state(now_ms())),
+                // Deleted or recreated under us: start over.
+                Ok(Updated::Gone | Updated::Lost(_)) => ctx.lost(&mut lost).await?,
+                Err(err) => match ctx.reload(&key, err).await? {
+                    Some(now) if now.pool.count() == count => {
+                        return Ok(now.pool.state(now_ms()));
+                    }
+                    _ => ctx.lost(&mut lost).await?,
+                },
             }
-            match self.store.replace(&key, &pool, current.version).await? {
-                Replaced::Replaced(_) => return Ok(pool.state(now)),
-                // Changed or deleted under us: start over (create, or read again).
-                Replaced::Conflict(_) => conflicts.nap(&self.backoff, give_up).await?,
-            }
+            fresh = Record::new(Pool::new(count, now_ms()));
         }
     }
 
     /// `GET`.
-    pub async fn inspect(&self, id: PoolId) -> Result<PoolState, Error> {
-        let current = self.load(&id.key()).await?;
-        Ok(current.pool.state(now_ms()))
+    pub async fn inspect(&self, id: PoolId, call: &mut Call) -> Result<PoolState, Error> {
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        let record = ctx.load_existing(&id.key()).await?;
+        Ok(record.pool.state(now_ms()))
     }
 
     /// `DELETE`: whether a pool was removed.
-    pub async fn delete(&self, id: PoolId) -> Result<bool, Error> {
-        Ok(self.store.delete(&id.key()).await?)
+    pub async fn delete(&self, id: PoolId, call: &mut Call) -> Result<bool, Error> {
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        Ok(ctx.call(ctx.store.delete(&id.key())).await?)
     }
 
-    /// `POST …/borrow`: the lowest free position, waiting up to `wait_ms` (and
-    /// never past `deadline`, the Lambda's) for one to free up.
+    /// `POST …/borrow`: the lowest free position, or, when none is free or
+    /// others wait, a place in the queue until a slot is this borrower's or
+    /// its wait ends.
     pub async fn borrow(
         &self,
         id: PoolId,
         request: BorrowRequest,
-        deadline: Option<Instant>,
+        call: &mut Call,
     ) -> Result<Grant, Error> {
-        let key = id.key();
-        let ttl_ms = request.ttl_ms.clamp(1, self.limits.max_ttl_ms);
+        let ttl_ms = request.ttl_ms.min(self.limits.max_ttl_ms).max(1);
         let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
-        let give_up = self
-            .answer_by(deadline)
-            .map_or(Instant::now() + wait, |answer_by| {
-                answer_by.min(Instant::now() + wait)
-            });
-        // Losing races is not waiting: a borrow that sees a free slot keeps
-        // trying past its `wait`, up to the deadline for writes.
-        let write_give_up = self.write_deadline(deadline);
-        let lease = LeaseId::new_random();
-        let digest = lease.digest();
-        let mut current = self.load(&key).await?;
-        let mut polls = 0u32;
-        let mut jitter = Jitter::new();
-        let mut conflicts = Conflicts::new();
-        loop {
-            let now = now_ms();
-            let mut pool = current.pool.clone();
-            let expires_at_ms = now + ttl_ms;
-            match pool.borrow(digest, expires_at_ms, now) {
-                Ok(position) => match self.store.replace(&key, &pool, current.version).await? {
-                    Replaced::Replaced(_) => {
-                        return Ok(Grant {
-                            lease,
-                            position,
-                            expires_at_ms,
-                            ttl_ms,
-                        })
-                    }
-                    Replaced::Conflict(None) => return Err(Error::PoolNotFound),
-                    // Full now: wait as any borrower does, from the record the
-                    // conflict handed back.
-                    Replaced::Conflict(Some(fresh)) if fresh.pool.state(now).available == 0 => {
-                        current = fresh;
-                    }
-                    // Lost a race for a free slot: nap, then read afresh, since
-                    // the handed-back record is stale again by then (and the
-                    // last winner would otherwise always write first).
-                    Replaced::Conflict(Some(_)) => {
-                        conflicts.nap(&self.backoff, write_give_up).await?;
-                        current = self.load(&key).await?;
-                    }
-                },
-                Err(Exhausted) => {
-                    let now_instant = Instant::now();
-                    if now_instant >= give_up {
-                        return Err(Error::Exhausted);
-                    }
-                    let mut nap = jitter.backoff(&self.backoff, polls);
-                    if let Some(expiry) = current.pool.next_expiry(now) {
-                        // Wake just as the earliest lease expires, so its slot is
-                        // taken within milliseconds.
-                        nap = nap.min(Duration::from_millis(expiry.saturating_sub(now)));
-                    }
-                    nap = nap.min(give_up - now_instant);
-                    tokio::time::sleep(nap).await;
-                    polls += 1;
-                    current = self.load(&key).await?;
-                }
-            }
-        }
+        let lease = request.lease.unwrap_or_else(LeaseId::new_random);
+        let mut ctx = self.ctx(call, wait);
+        let started = Instant::now();
+        // Stop waiting in time to cancel the ticket before answering.
+        let give_up = (started + wait)
+            .min(
+                ctx.answer_by
+                    .checked_sub(ctx.timing.cancel_reserve)
+                    .unwrap_or(started),
+            )
+            .max(started);
+        let borrower = Borrower {
+            key: id.key(),
+            lease,
+            ttl_ms,
+            give_up,
+            give_up_ms: now_ms() + (give_up - started).as_millis() as u64,
+            max_waiters: self.limits.max_waiters,
+        };
+        borrower.run(&mut ctx).await
     }
 
     /// `POST …/return`: whether a live lease was freed.
@@ -220,115 +279,359 @@ impl Service {
         &self,
         id: PoolId,
         lease: LeaseId,
-        deadline: Option<Instant>,
+        call: &mut Call,
     ) -> Result<bool, Error> {
         let key = id.key();
         let digest = lease.digest();
-        let give_up = self.write_deadline(deadline);
-        let mut conflicts = Conflicts::new();
-        let mut current = self.load(&key).await?;
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        let mut record = ctx.load_existing(&key).await?;
+        let incarnation = record.incarnation;
+        let mut lost = 0u32;
         loop {
             let now = now_ms();
-            let mut pool = current.pool.clone();
-            if !pool.return_lease(digest, now) {
+            if record.incarnation != incarnation {
+                // Deleted and registered again: the lease ended with the delete.
                 return Ok(false);
             }
-            match self.store.replace(&key, &pool, current.version).await? {
-                Replaced::Replaced(_) => return Ok(true),
-                Replaced::Conflict(None) => return Err(Error::PoolNotFound),
-                Replaced::Conflict(Some(_)) => {
-                    conflicts.nap(&self.backoff, give_up).await?;
-                    current = self.load(&key).await?;
+            let Some((held, update)) = record.pool.plan_return(digest, now) else {
+                return Ok(false);
+            };
+            match ctx.write(&key, incarnation, &update).await {
+                Ok(Updated::Written(_)) => return Ok(true),
+                Ok(Updated::Gone) => return Err(Error::PoolNotFound),
+                Ok(Updated::Lost(fresh)) => {
+                    if gone_while_live(&fresh, incarnation, &held) {
+                        return Ok(true);
+                    }
+                    record = fresh;
+                    ctx.lost(&mut lost).await?;
+                }
+                Err(err) => {
+                    let fresh = ctx.reload(&key, err).await?.ok_or(Error::PoolNotFound)?;
+                    if gone_while_live(&fresh, incarnation, &held) {
+                        return Ok(true);
+                    }
+                    record = fresh;
                 }
             }
         }
     }
-
-    /// The Lambda's deadline less the time kept back to send the response.
-    fn answer_by(&self, deadline: Option<Instant>) -> Option<Instant> {
-        let now = Instant::now();
-        deadline.map(|deadline| {
-            deadline
-                .checked_sub(self.backoff.deadline_margin)
-                .unwrap_or(now)
-                .max(now)
-        })
-    }
-
-    /// How long a write may keep retrying conflicts: to [`Self::answer_by`],
-    /// or a generous bound when there is no Lambda deadline.
-    fn write_deadline(&self, deadline: Option<Instant>) -> Instant {
-        self.answer_by(deadline)
-            .unwrap_or_else(|| Instant::now() + WRITE_RETRY_LIMIT)
-    }
-
-    async fn load(&self, key: &PoolKey) -> Result<Versioned, Error> {
-        self.store.load(key).await?.ok_or(Error::PoolNotFound)
-    }
 }
 
-/// Without a Lambda deadline (local server), how long a write keeps retrying
-/// lost races before answering 502.
-const WRITE_RETRY_LIMIT: Duration = Duration::from_secs(10);
-
-/// Lost conditional writes within one request, and the nap after each.
-struct Conflicts {
-    count: u32,
-    jitter: Jitter,
+/// After a return whose write was lost or failed: the lease is no longer
+/// stored although it had not expired, so a write of ours (an earlier SDK
+/// attempt, or this one before its answer was lost) or a twin return of the
+/// same lease removed it: the return happened.
+fn gone_while_live(fresh: &Record, incarnation: u64, held: &Lease) -> bool {
+    fresh.incarnation == incarnation
+        && held.is_live(now_ms())
+        && !fresh
+            .pool
+            .leases()
+            .iter()
+            .any(|l| l.position == held.position && l.fence == held.fence)
 }
 
-impl Conflicts {
-    fn new() -> Self {
-        Conflicts {
-            count: 0,
-            jitter: Jitter::new(),
+/// One borrow in progress.
+struct Borrower {
+    key: PoolKey,
+    lease: LeaseId,
+    ttl_ms: u64,
+    /// When it stops waiting (and its wall-clock twin, stored in its ticket).
+    give_up: Instant,
+    give_up_ms: u64,
+    max_waiters: usize,
+}
+
+impl Borrower {
+    async fn run(&self, ctx: &mut Ctx<'_>) -> Result<Grant, Error> {
+        let digest = self.lease.digest();
+        let mut record = ctx.load_existing(&self.key).await?;
+        let incarnation = record.incarnation;
+        let mut ticket: Option<Ticket> = None;
+        let mut lost = 0u32;
+        // Expiries of the grants we tried to write: a lease found with one of
+        // them is ours (full ttl), any other is an idempotent repeat.
+        let mut tried: Vec<u64> = Vec::new();
+        loop {
+            if record.incarnation != incarnation {
+                // Deleted (and maybe registered again) while we were at it.
+                return Err(Error::PoolNotFound);
+            }
+            let now = now_ms();
+            let plan = record
+                .pool
+                .plan_borrow(digest, now + self.ttl_ms, now, ticket.as_ref());
+            let update = match plan {
+                BorrowPlan::Held(held) => {
+                    if let Some(t) = ticket.filter(|t| record.pool.ticket_index(t).is_some()) {
+                        // A twin request (same client lease id) was granted:
+                        // our ticket must not keep a place it will never use.
+                        // Best effort: the grant is the answer either way.
+                        let _ = self.cancel(ctx, incarnation, &t, record).await;
+                    }
+                    return Ok(self.grant(&held, now, &tried));
+                }
+                BorrowPlan::Take { update, .. } => {
+                    tried.push(now + self.ttl_ms);
+                    update
+                }
+                BorrowPlan::Prune(update) => update,
+                BorrowPlan::Wait { ahead, needed, .. } => {
+                    let Some(mine) = ticket else {
+                        if Instant::now() >= self.give_up {
+                            return Err(Error::Exhausted);
+                        }
+                        let joining = Ticket {
+                            digest,
+                            give_up_ms: self.give_up_ms,
+                        };
+                        match record.pool.plan_join(joining, self.max_waiters, now) {
+                            // Too many wait already: no place to wait in.
+                            JoinPlan::Full => return Err(Error::Exhausted),
+                            JoinPlan::Prune(update) => {
+                                record = self.write(ctx, incarnation, &update, &mut lost).await?;
+                            }
+                            JoinPlan::Join(update) => {
+                                record = self.write(ctx, incarnation, &update, &mut lost).await?;
+                                if record.pool.ticket_index(&joining).is_some() {
+                                    ticket = Some(joining);
+                                }
+                            }
+                        }
+                        continue;
+                    };
+                    if record.pool.ticket_index(&mine).is_none() {
+                        // Pruned as dead (a clock far ahead of ours): join
+                        // again at the end if there is time left.
+                        ticket = None;
+                        continue;
+                    }
+                    if Instant::now() >= self.give_up {
+                        return match self.cancel(ctx, incarnation, &mine, record).await? {
+                            Some(held) => Ok(self.grant(&held, now_ms(), &tried)),
+                            None => Err(Error::Exhausted),
+                        };
+                    }
+                    let nap = ctx.poll_interval(ahead);
+                    let nap = match record.pool.nth_expiry(needed, now) {
+                        // Wake as the lease that serves us expires, so its
+                        // slot is taken within milliseconds.
+                        Some(expiry) => nap.min(Duration::from_millis(expiry.saturating_sub(now))),
+                        None => nap,
+                    };
+                    let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
+                    tokio::time::sleep(nap).await;
+                    ctx.stats.waited += nap;
+                    record = ctx.load_existing(&self.key).await?;
+                    continue;
+                }
+            };
+            record = self.write(ctx, incarnation, &update, &mut lost).await?;
         }
     }
 
-    /// Naps after a lost write, never past `give_up`; past it, the write is
-    /// abandoned as a retryable database error (nothing was written).
-    async fn nap(&mut self, backoff: &Backoff, give_up: Instant) -> Result<(), Error> {
-        self.count += 1;
-        let now = Instant::now();
-        if now >= give_up {
-            return Err(Error::Store(StoreError::new(
-                StoreErrorKind::Throttled,
-                format!("gave up after {} conflicting writes", self.count),
-            )));
+    /// Writes `update`; the record to decide from next: the new one, the one
+    /// a lost write handed back, or (outcome unknown) a fresh read.
+    async fn write(
+        &self,
+        ctx: &mut Ctx<'_>,
+        incarnation: u64,
+        update: &Update,
+        lost: &mut u32,
+    ) -> Result<Record, Error> {
+        match ctx.write(&self.key, incarnation, update).await {
+            Ok(Updated::Written(record)) => {
+                *lost = 0;
+                Ok(record)
+            }
+            Ok(Updated::Lost(record)) => {
+                ctx.lost(lost).await?;
+                Ok(record)
+            }
+            Ok(Updated::Gone) => Err(Error::PoolNotFound),
+            Err(err) => ctx.reload(&self.key, err).await?.ok_or(Error::PoolNotFound),
         }
-        let window = backoff
-            .conflict_first
-            .saturating_mul(1u32 << (self.count - 1).min(16))
-            .min(backoff.conflict_cap);
-        let nap = window.mul_f64(self.jitter.next_unit()).min(give_up - now);
+    }
+
+    /// Removes our ticket, or finds that our lease was granted meanwhile
+    /// (then the grant stands: a slot is never left to a borrower that
+    /// answered 409). `None` when the ticket is gone and nothing was granted.
+    async fn cancel(
+        &self,
+        ctx: &mut Ctx<'_>,
+        incarnation: u64,
+        ticket: &Ticket,
+        mut record: Record,
+    ) -> Result<Option<Lease>, Error> {
+        let mut lost = 0u32;
+        loop {
+            if record.incarnation != incarnation {
+                return Err(Error::PoolNotFound);
+            }
+            let held = record.pool.live_lease(ticket.digest, now_ms()).copied();
+            let Some(update) = record.pool.plan_cancel(ticket) else {
+                return Ok(held);
+            };
+            record = self.write(ctx, incarnation, &update, &mut lost).await?;
+        }
+    }
+
+    /// The answer for a lease held under our id: our own grant carries its
+    /// full ttl (API.md: `expires_in` is the clamped ttl), an idempotent
+    /// repeat of an earlier request's grant the time left.
+    fn grant(&self, lease: &Lease, now_ms: u64, tried: &[u64]) -> Grant {
+        let expires_in_ms = if tried.contains(&lease.expires_at_ms) {
+            self.ttl_ms
+        } else {
+            lease.expires_at_ms.saturating_sub(now_ms).max(1)
+        };
+        Grant {
+            lease: self.lease,
+            position: lease.position,
+            expires_at_ms: lease.expires_at_ms,
+            expires_in_ms,
+            fence: lease.fence,
+        }
+    }
+}
+
+impl Ctx<'_> {
+    /// Runs one store call, bounded by the time left.
+    async fn call<T>(
+        &mut self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.stats.store_calls += 1;
+        let until = self
+            .answer_by
+            .min(Instant::now() + self.timing.call_timeout);
+        let result = match tokio::time::timeout_at(until.into(), call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::TimedOut,
+                "no answer from the database in the time left",
+            )),
+        };
+        if result.is_err() {
+            self.stats.store_errors += 1;
+        }
+        result
+    }
+
+    async fn write(
+        &mut self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let result = self.call(self.store.update(key, incarnation, update)).await;
+        if matches!(result, Ok(Updated::Lost(_))) {
+            self.stats.conflicts += 1;
+        }
+        result
+    }
+
+    /// Reads the pool, retrying failed reads while there is time.
+    async fn load(&mut self, key: &PoolKey) -> Result<Option<Record>, Error> {
+        let mut failures = 0u32;
+        loop {
+            match self.call(self.store.load(key)).await {
+                Ok(record) => return Ok(record),
+                Err(err) => self.retry_after(err, &mut failures).await?,
+            }
+        }
+    }
+
+    async fn load_existing(&mut self, key: &PoolKey) -> Result<Record, Error> {
+        self.load(key).await?.ok_or(Error::PoolNotFound)
+    }
+
+    /// After a write whose outcome is unknown: the pool as it is now, to see
+    /// whether the write landed. The write's own error if no read succeeds.
+    async fn reload(&mut self, key: &PoolKey, err: StoreError) -> Result<Option<Record>, Error> {
+        if !err.is_transient() {
+            return Err(err.into());
+        }
+        let mut failures = 1u32;
+        self.nap(
+            &mut failures,
+            self.timing.retry_first,
+            self.timing.retry_cap,
+        )
+        .await
+        .map_err(|()| Error::from(err))?;
+        self.load(key).await
+    }
+
+    /// Naps before retrying a failed call; the error when there is no time.
+    async fn retry_after(&mut self, err: StoreError, failures: &mut u32) -> Result<(), Error> {
+        if !err.is_transient() {
+            return Err(err.into());
+        }
+        *failures += 1;
+        self.nap(failures, self.timing.retry_first, self.timing.retry_cap)
+            .await
+            .map_err(|()| Error::from(err))
+    }
+
+    /// After a lost conditional write: retry at once (with the record it
+    /// handed back) twice, then nap; past the answer-by time, too much
+    /// contention.
+    async fn lost(&mut self, lost: &mut u32) -> Result<(), Error> {
+        *lost += 1;
+        if Instant::now() >= self.answer_by {
+            return Err(Error::Contention);
+        }
+        if *lost < 3 {
+            return Ok(());
+        }
+        let mut n = *lost - 2;
+        self.nap(&mut n, self.timing.conflict_first, self.timing.conflict_cap)
+            .await
+            .map_err(|()| Error::Contention)
+    }
+
+    /// Sleeps a full-jitter backoff in `[0, first · 2^(n-1)]`, capped, unless
+    /// it would end past the answer-by time (then `Err`).
+    async fn nap(&mut self, n: &mut u32, first: Duration, cap: Duration) -> Result<(), ()> {
+        let window = first.saturating_mul(1u32 << (*n - 1).min(16)).min(cap);
+        let nap = window.mul_f64(self.jitter.next_unit());
+        if Instant::now() + nap + self.timing.call_timeout.min(Duration::from_millis(50))
+            >= self.answer_by
+        {
+            return Err(());
+        }
         tokio::time::sleep(nap).await;
         Ok(())
     }
+
+    /// How long a waiter with `ahead` live tickets in front of it sleeps.
+    fn poll_interval(&mut self, ahead: usize) -> Duration {
+        let full = self
+            .timing
+            .poll
+            .saturating_mul(u32::try_from(ahead + 1).unwrap_or(u32::MAX))
+            .min(self.timing.poll_cap);
+        full.mul_f64(0.5 + 0.5 * self.jitter.next_unit())
+    }
 }
 
-/// Capped exponential backoff with jitter: waiters spread out instead of
-/// polling in lockstep. A tiny xorshift seeded from the OS RNG is plenty here.
+/// Jitter, so that waiters and retries spread out instead of moving in
+/// lockstep. A tiny xorshift seeded from the OS RNG is plenty here.
 struct Jitter(u64);
 
 impl Jitter {
     fn new() -> Self {
-        Jitter(crate::store::new_version() | 1)
+        Jitter(crate::store::random_u64() | 1)
     }
 
+    /// Uniform in [0, 1).
     fn next_unit(&mut self) -> f64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
         self.0 ^= self.0 << 17;
         (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-
-    /// Uniform in [half, full] of `first · 2^attempt`, capped.
-    fn backoff(&mut self, backoff: &Backoff, attempt: u32) -> Duration {
-        let full = backoff
-            .first
-            .saturating_mul(1u32 << attempt.min(16))
-            .min(backoff.cap);
-        full.mul_f64(0.5 + 0.5 * self.next_unit())
     }
 }
 
@@ -337,22 +640,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn backoff_grows_to_cap_with_jitter() {
-        let backoff = Backoff::default();
+    fn jitter_is_uniform_in_the_unit_interval() {
         let mut jitter = Jitter::new();
-        for attempt in 0..40 {
-            let nap = jitter.backoff(&backoff, attempt);
-            let full = backoff
-                .first
-                .saturating_mul(1 << attempt.min(16))
-                .min(backoff.cap);
-            assert!(nap >= full / 2 && nap <= full, "{nap:?} vs {full:?}");
-        }
-        // Mean polling rate at the cap stays under 20 reads/s.
-        let mean: f64 = (0..1000)
-            .map(|_| jitter.backoff(&backoff, 20).as_secs_f64())
-            .sum::<f64>()
-            / 1000.0;
-        assert!(1.0 / mean < 20.0, "{mean}");
+        let samples: Vec<f64> = (0..10_000).map(|_| jitter.next_unit()).collect();
+        assert!(samples.iter().all(|u| (0.0..1.0).contains(u)));
+        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
+        assert!((mean - 0.5).abs() < 0.02, "{mean}");
     }
 }

@@ -4,7 +4,11 @@
 //! ```text
 //! local-api --port P                                  # embedded in-memory store
 //! local-api --port P --dynamodb URL --table NAME      # DynamoDB (Local) at URL
+//!           [--log-format text|json]                  # json: the Lambda's EMF lines
 //! ```
+//!
+//! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS` and `MAX_WAITERS` as the
+//! functions do, and refuses a bad value the same way (exit status 2).
 
 use std::convert::Infallible;
 use std::process::ExitCode;
@@ -17,11 +21,14 @@ use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use semaphore::api::{self, ApiResponse};
+use semaphore::metrics::LogFormat;
+use semaphore::service::Call;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
-use semaphore::{config, Service};
+use semaphore::{config, Limits, Service};
 use tokio::net::TcpListener;
 
-const USAGE: &str = "usage: local-api --port P [--dynamodb URL --table NAME]";
+const USAGE: &str =
+    "usage: local-api --port P [--dynamodb URL --table NAME] [--log-format text|json]";
 
 /// Requests are a few dozen bytes; anything this large is not ours.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -30,10 +37,12 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 struct Args {
     port: u16,
     dynamodb: Option<(String, String)>,
+    log_format: LogFormat,
 }
 
 fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
     let (mut port, mut url, mut table) = (None, None, None);
+    let mut log_format = LogFormat::Text;
     while let Some(flag) = args.next() {
         let mut value = || args.next().ok_or(format!("{flag} needs a value"));
         match flag.as_str() {
@@ -46,6 +55,13 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
             }
             "--dynamodb" => url = Some(value()?),
             "--table" => table = Some(value()?),
+            "--log-format" => {
+                log_format = match value()?.as_str() {
+                    "text" => LogFormat::Text,
+                    "json" => LogFormat::Json,
+                    other => return Err(format!("--log-format: text or json, not {other:?}")),
+                }
+            }
             "-h" | "--help" => return Err(String::new()),
             other => return Err(format!("unknown argument {other}")),
         }
@@ -56,7 +72,11 @@ fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
         (Some(url), Some(table)) => Some((url, table)),
         _ => return Err("--dynamodb and --table go together".into()),
     };
-    Ok(Args { port, dynamodb })
+    Ok(Args {
+        port,
+        dynamodb,
+        log_format,
+    })
 }
 
 #[tokio::main]
@@ -72,7 +92,15 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(args).await {
+    // The same variables, ranges and refusal as the Lambda functions.
+    let limits = match config::limits_from_env() {
+        Ok(limits) => limits,
+        Err(err) => {
+            eprintln!("local-api: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args, limits).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("local-api: {err}");
@@ -81,8 +109,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> Result<(), String> {
-    let limits = config::limits_from_env()?;
+async fn run(args: Args, limits: Limits) -> Result<(), String> {
     let (store, described): (Arc<dyn PoolStore>, String) = match &args.dynamodb {
         None => (
             Arc::new(MemoryStore::new()),
@@ -113,8 +140,11 @@ async fn run(args: Args) -> Result<(), String> {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let service = service.clone();
+                let log_format = args.log_format;
                 tokio::spawn(async move {
-                    let handler = hyper::service::service_fn(move |req| serve(service.clone(), req));
+                    let handler = hyper::service::service_fn(move |req| {
+                        serve(service.clone(), log_format, req)
+                    });
                     // A client hanging up mid-request is not our error.
                     let _ = http1::Builder::new()
                         .serve_connection(TokioIo::new(stream), handler)
@@ -152,18 +182,20 @@ async fn shutdown_signal() {
 
 async fn serve(
     service: Arc<Service>,
+    log_format: LogFormat,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
+    let mut call = Call::new(None);
     let (route_key, raw_id, response) = match api::resolve(&method, &path) {
         Ok((route, id)) => {
             let response = match Limited::new(request.into_body(), MAX_BODY_BYTES)
                 .collect()
                 .await
             {
-                Ok(body) => api::handle(&service, route, id, &body.to_bytes(), None).await,
+                Ok(body) => api::handle(&service, route, id, &body.to_bytes(), &mut call).await,
                 Err(_) => ApiResponse {
                     status: 413,
                     body: serde_json::json!({ "error": "request body too large" }),
@@ -172,9 +204,9 @@ async fn serve(
             };
             (route.key(), Some(id), response)
         }
-        Err(err) => ("-", None, api::error_response(&err)),
+        Err(err) => ("$default", None, api::error_response(&err)),
     };
-    api::log_request(route_key, raw_id, response.status, started.elapsed());
+    api::request_log(route_key, raw_id, &response, started, &call).emit(log_format);
     Ok(response
         .into_http()
         .map(|body| Full::new(Bytes::from(body))))
@@ -194,16 +226,23 @@ mod tests {
             args("--port 3000"),
             Ok(Args {
                 port: 3000,
-                dynamodb: None
+                dynamodb: None,
+                log_format: LogFormat::Text,
             })
         );
         assert_eq!(
             args("--port 1 --dynamodb http://x:8000 --table t"),
             Ok(Args {
                 port: 1,
-                dynamodb: Some(("http://x:8000".into(), "t".into()))
+                dynamodb: Some(("http://x:8000".into(), "t".into())),
+                log_format: LogFormat::Text,
             })
         );
+        assert_eq!(
+            args("--port 1 --log-format json").map(|a| a.log_format),
+            Ok(LogFormat::Json)
+        );
+        assert!(args("--port 1 --log-format yaml").is_err());
         assert!(args("").is_err());
         assert!(args("--port x").is_err());
         assert!(args("--port 1 --dynamodb http://x").is_err());

@@ -1,22 +1,32 @@
-//! DynamoDB: one item per pool.
+//! DynamoDB: one item per pool, changed by conditional `UpdateItem`s that
+//! name only the slots, leases and tickets they touch.
 //!
 //! | attribute | type | holds |
 //! |---|---|---|
 //! | `pk` | S | hex SHA-256 of the pool UUID (partition key) |
-//! | `v`  | N | version token, replaced on every write |
+//! | `i`  | N | incarnation: random per creation; every update is conditioned on it |
 //! | `c`  | N | count |
-//! | `l`  | B | leases, packed 24 bytes each; absent when there are none |
+//! | `n`  | N | leases stored (live or not yet pruned): the capacity check |
+//! | `f`  | N | fence counter: the fence of the latest grant |
+//! | `s`  | M | slots: position → the fence of the lease holding it |
+//! | `h`  | M | holders: lease digest (base64url) → position (2 B) ‖ expiry ms (6 B) |
+//! | `q`  | L | tickets of waiting borrowers, in arrival order: digest (16 B) ‖ give-up ms (6 B) |
 //!
-//! Every write is a `PutItem` whose condition sits next to it and which asks
-//! for the old item on a failed condition, so a conflict costs no extra read.
+//! A grant is `SET f = f + 1, s.P = f + 1, h.D = …`: every right-hand side
+//! reads the item before the update, so the fence comes from an atomic
+//! counter and concurrent grants of different slots never conflict over it.
+//! A failed condition hands back the current item (`ALL_OLD`), a success the
+//! new one (`ALL_NEW`), so the caller never needs a read to decide again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::create_table::CreateTableError;
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
@@ -24,20 +34,26 @@ use aws_sdk_dynamodb::types::{
     TableStatus,
 };
 use aws_sdk_dynamodb::Client;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
 
-use super::{
-    new_version, Created, PoolStore, Replaced, StoreError, StoreErrorKind, Version, Versioned,
-};
-use crate::domain::{Lease, LeaseDigest, Pool, MAX_COUNT};
+use super::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
+use crate::domain::{Change, Expect, Lease, LeaseDigest, Pool, Ticket, Update, MAX_COUNT};
 use crate::keys::PoolKey;
 
 const PK: &str = "pk";
-const VERSION: &str = "v";
+const INCARNATION: &str = "i";
 const COUNT: &str = "c";
-const LEASES: &str = "l";
+const STORED: &str = "n";
+const FENCE: &str = "f";
+const SLOTS: &str = "s";
+const HOLDERS: &str = "h";
+const QUEUE: &str = "q";
 
-/// position (2) + expiry ms (6: good until year 10889) + digest (16).
-const LEASE_BYTES: usize = 24;
+/// position (2) + expiry ms (6: good until year 10889).
+const HOLDER_BYTES: usize = 8;
+/// digest (16) + give-up ms (6).
+const TICKET_BYTES: usize = 22;
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -64,10 +80,6 @@ impl DynamoDbStore {
         self
     }
 
-    pub fn table(&self) -> &str {
-        &self.table
-    }
-
     fn capacity_mode(&self) -> Option<ReturnConsumedCapacity> {
         self.consumed_milli_units
             .as_ref()
@@ -83,51 +95,19 @@ impl DynamoDbStore {
         }
     }
 
-    async fn put(
-        &self,
-        key: &PoolKey,
-        pool: &Pool,
-        version: Version,
-        condition: &str,
-        expected: Option<Version>,
-    ) -> Result<Result<(), Option<Item>>, StoreError> {
-        let mut request = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(encode(key, pool, version)))
-            .condition_expression(condition)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .set_return_consumed_capacity(self.capacity_mode());
-        if let Some(expected) = expected {
-            request = request
-                .expression_attribute_names("#v", VERSION)
-                .expression_attribute_values(":v", AttributeValue::N(expected.to_string()));
-        }
-        match request.send().await {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                Ok(Ok(()))
-            }
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    // A failed condition is still a billed write.
-                    Ok(Err(failed.item().cloned()))
-                }
-                _ => Err(store_error(err)),
-            },
-        }
+    fn key(key: &PoolKey) -> AttributeValue {
+        AttributeValue::S(key.to_hex())
     }
 }
 
 #[async_trait]
 impl PoolStore for DynamoDbStore {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .key(PK, AttributeValue::S(key.to_hex()))
+            .key(PK, Self::key(key))
             // A borrower must see the latest return, or it would wait for nothing.
             .consistent_read(true)
             .set_return_consumed_capacity(self.capacity_mode())
@@ -138,51 +118,83 @@ impl PoolStore for DynamoDbStore {
         out.item().map(decode).transpose()
     }
 
-    async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
-        let version = new_version();
-        match self
-            .put(key, pool, version, "attribute_not_exists(pk)", None)
-            .await?
-        {
-            Ok(()) => Ok(Created::Created(version)),
-            Err(Some(item)) => {
-                let current = decode(&item)?;
-                // Our own write landed on an earlier SDK attempt.
-                if current.version == version {
-                    Ok(Created::Created(version))
-                } else {
-                    Ok(Created::Exists(current))
-                }
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        let sent = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(encode(key, record)))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                Ok(Created::Created(record.clone()))
             }
-            Err(None) => Err(StoreError::new(
-                StoreErrorKind::Unavailable,
-                "create failed its condition but returned no item",
-            )),
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
+                    let item = failed.item().ok_or_else(|| {
+                        StoreError::new(
+                            StoreErrorKind::Unavailable,
+                            "create failed its condition but returned no item",
+                        )
+                    })?;
+                    let current = decode(item)?;
+                    Ok(if current.incarnation == record.incarnation {
+                        // Our own create, landed on an earlier SDK attempt.
+                        Created::Created(current)
+                    } else {
+                        Created::Exists(current)
+                    })
+                }
+                _ => Err(store_error(err)),
+            },
         }
     }
 
-    async fn replace(
+    async fn update(
         &self,
         key: &PoolKey,
-        pool: &Pool,
-        expected: Version,
-    ) -> Result<Replaced, StoreError> {
-        let version = new_version();
-        match self
-            .put(key, pool, version, "#v = :v", Some(expected))
-            .await?
-        {
-            Ok(()) => Ok(Replaced::Replaced(version)),
-            Err(Some(item)) => {
-                let current = decode(&item)?;
-                // The SDK retried a write that had landed: the item carries our token.
-                if current.version == version {
-                    Ok(Replaced::Replaced(version))
-                } else {
-                    Ok(Replaced::Conflict(Some(current)))
-                }
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let expr = Expression::of(incarnation, update);
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .key(PK, Self::key(key))
+            .update_expression(expr.update)
+            .condition_expression(expr.condition)
+            // DynamoDB refuses an empty map of names.
+            .set_expression_attribute_names((!expr.names.is_empty()).then_some(expr.names))
+            .set_expression_attribute_values(Some(expr.values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                let item = out.attributes().ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
+                })?;
+                Ok(Updated::Written(decode(item)?))
             }
-            Err(None) => Ok(Replaced::Conflict(None)),
+            Err(err) => match err.as_service_error() {
+                // A failed condition is still a billed write.
+                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                    match failed.item() {
+                        Some(item) => Ok(Updated::Lost(decode(item)?)),
+                        None => Ok(Updated::Gone),
+                    }
+                }
+                _ => Err(store_error(err)),
+            },
         }
     }
 
@@ -191,7 +203,7 @@ impl PoolStore for DynamoDbStore {
             .client
             .delete_item()
             .table_name(&self.table)
-            .key(PK, AttributeValue::S(key.to_hex()))
+            .key(PK, Self::key(key))
             // Only the key comes back useful; ALL_OLD is how DeleteItem says "it was there".
             .return_values(ReturnValue::AllOld)
             .set_return_consumed_capacity(self.capacity_mode())
@@ -203,10 +215,162 @@ impl PoolStore for DynamoDbStore {
     }
 }
 
+/// One update as DynamoDB expressions. Top-level attribute names are single
+/// letters, none of them reserved words; map keys and list indices that come
+/// from data go through placeholders.
+struct Expression {
+    condition: String,
+    update: String,
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl Expression {
+    fn of(incarnation: u64, update: &Update) -> Self {
+        let mut e = ExpressionBuilder::default();
+        let inc = e.value(number(incarnation));
+        let mut conditions = vec![format!("{INCARNATION} = {inc}")];
+        for expect in &update.expect {
+            conditions.push(match *expect {
+                Expect::Count(count) => format!("{COUNT} = {}", e.value(number(count))),
+                Expect::StoredBelow(limit) => format!("{STORED} < {}", e.value(number(limit))),
+                Expect::SlotFree(position) => {
+                    format!("attribute_not_exists({})", e.slot(position))
+                }
+                Expect::SlotHeldBy { position, fence } => {
+                    format!("{} = {}", e.slot(position), e.value(number(fence)))
+                }
+                Expect::LeaseAbsent(digest) => {
+                    format!("attribute_not_exists({})", e.holder(digest))
+                }
+                Expect::QueueLen(len) => format!("size({QUEUE}) = {}", e.value(number(len))),
+                Expect::QueueShorterThan(len) => {
+                    format!("size({QUEUE}) < {}", e.value(number(len)))
+                }
+                Expect::TicketAt { index, ticket } => {
+                    format!("{QUEUE}[{index}] = {}", e.value(ticket_value(&ticket)))
+                }
+            });
+        }
+
+        let granted = update.changes.iter().find_map(|c| match *c {
+            Change::Grant {
+                position, digest, ..
+            } => Some((position, digest)),
+            _ => None,
+        });
+        let mut sets = Vec::new();
+        // Paths removed; a grant's own slot and digest are overwritten instead
+        // (DynamoDB refuses to SET and REMOVE one path in one update).
+        let mut removes = BTreeSet::new();
+        let mut stored_delta: i64 = 0;
+        for change in &update.changes {
+            match *change {
+                Change::Grant {
+                    position,
+                    digest,
+                    expires_at_ms,
+                } => {
+                    let one = e.value(number(1));
+                    sets.push(format!("{FENCE} = {FENCE} + {one}"));
+                    sets.push(format!("{} = {FENCE} + {one}", e.slot(position)));
+                    let holder = e.value(AttributeValue::B(Blob::new(holder_bytes(
+                        position,
+                        expires_at_ms,
+                    ))));
+                    sets.push(format!("{} = {holder}", e.holder(digest)));
+                    stored_delta += 1;
+                }
+                Change::RemoveLease { position, digest } => {
+                    if granted.map(|(p, _)| p) != Some(position) {
+                        removes.insert(e.slot(position));
+                    }
+                    if granted.map(|(_, d)| d) != Some(digest) {
+                        removes.insert(e.holder(digest));
+                    }
+                    stored_delta -= 1;
+                }
+                Change::RemoveTicket(index) => {
+                    removes.insert(format!("{QUEUE}[{index}]"));
+                }
+                Change::AppendTicket(ticket) => {
+                    let list = e.value(AttributeValue::L(vec![ticket_value(&ticket)]));
+                    sets.push(format!("{QUEUE} = list_append({QUEUE}, {list})"));
+                }
+                Change::SetCount(count) => {
+                    sets.push(format!("{COUNT} = {}", e.value(number(count))));
+                }
+            }
+        }
+        if stored_delta != 0 {
+            let delta = e.value(AttributeValue::N(stored_delta.to_string()));
+            sets.push(format!("{STORED} = {STORED} + {delta}"));
+        }
+        let mut clauses = Vec::new();
+        if !sets.is_empty() {
+            clauses.push(format!("SET {}", sets.join(", ")));
+        }
+        if !removes.is_empty() {
+            let removes: Vec<String> = removes.into_iter().collect();
+            clauses.push(format!("REMOVE {}", removes.join(", ")));
+        }
+        if clauses.is_empty() {
+            // Nothing to change: still a conditional write, so that it checks.
+            clauses.push(format!("SET {INCARNATION} = {inc}"));
+        }
+        Expression {
+            condition: conditions.join(" AND "),
+            update: clauses.join(" "),
+            names: e.names,
+            values: e.values,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ExpressionBuilder {
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+}
+
+impl ExpressionBuilder {
+    fn value(&mut self, value: AttributeValue) -> String {
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), value);
+        placeholder
+    }
+
+    fn name(&mut self, prefix: &str, raw: String) -> String {
+        let placeholder = format!("#{prefix}{raw}");
+        let placeholder = if prefix == "d" {
+            // Digest keys may hold '-': placeholders allow only [A-Za-z0-9_].
+            format!("#d{}", self.names.len())
+        } else {
+            placeholder
+        };
+        if let Some((existing, _)) = self.names.iter().find(|(_, v)| **v == raw) {
+            return existing.clone();
+        }
+        self.names.insert(placeholder.clone(), raw);
+        placeholder
+    }
+
+    fn slot(&mut self, position: u16) -> String {
+        format!("{SLOTS}.{}", self.name("p", position.to_string()))
+    }
+
+    fn holder(&mut self, digest: LeaseDigest) -> String {
+        format!("{HOLDERS}.{}", self.name("d", digest_key(&digest)))
+    }
+}
+
 /// Creates the table if it does not exist and checks its key schema, failing
 /// early and clearly when it is keyed differently. For local runs and tests;
 /// deployed functions rely on the SAM template.
 pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError> {
+    let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
+        StoreError::new(StoreErrorKind::Unavailable, e.to_string())
+    };
     let created = client
         .create_table()
         .table_name(table)
@@ -216,19 +380,22 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
                 .attribute_name(PK)
                 .attribute_type(ScalarAttributeType::S)
                 .build()
-                .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))?,
+                .map_err(invalid)?,
         )
         .key_schema(
             KeySchemaElement::builder()
                 .attribute_name(PK)
                 .key_type(KeyType::Hash)
                 .build()
-                .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))?,
+                .map_err(invalid)?,
         )
         .send()
         .await;
     if let Err(err) = created {
-        if err.code() != Some("ResourceInUseException") {
+        if !matches!(
+            err.as_service_error(),
+            Some(CreateTableError::ResourceInUseException(_))
+        ) {
             return Err(store_error(err));
         }
     }
@@ -245,7 +412,10 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
         let keyed_right = matches!(
             desc.key_schema(),
             [k] if k.attribute_name() == PK && k.key_type() == &KeyType::Hash
-        );
+        ) && desc
+            .attribute_definitions()
+            .iter()
+            .any(|a| a.attribute_name() == PK && a.attribute_type() == &ScalarAttributeType::S);
         if !keyed_right {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -268,11 +438,15 @@ where
     E: ProvideErrorMetadata + std::error::Error + 'static,
     R: std::fmt::Debug,
 {
-    let kind = match err.code() {
-        Some(
-            "ProvisionedThroughputExceededException"
-            | "RequestLimitExceeded"
-            | "ThrottlingException",
+    let kind = match (&err, err.code()) {
+        (SdkError::TimeoutError(_), _) => StoreErrorKind::TimedOut,
+        (
+            _,
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "RequestLimitExceeded"
+                | "ThrottlingException",
+            ),
         ) => StoreErrorKind::Throttled,
         _ => StoreErrorKind::Unavailable,
     };
@@ -284,138 +458,264 @@ where
     StoreError::new(kind, message)
 }
 
-fn encode(key: &PoolKey, pool: &Pool, version: Version) -> Item {
-    let mut item = HashMap::with_capacity(4);
-    item.insert(PK.to_string(), AttributeValue::S(key.to_hex()));
-    item.insert(VERSION.to_string(), AttributeValue::N(version.to_string()));
-    item.insert(
-        COUNT.to_string(),
-        AttributeValue::N(pool.count().to_string()),
-    );
-    if !pool.leases().is_empty() {
-        item.insert(
-            LEASES.to_string(),
-            AttributeValue::B(Blob::new(pack(pool.leases()))),
-        );
-    }
-    item
+fn number(n: impl ToString) -> AttributeValue {
+    AttributeValue::N(n.to_string())
 }
 
-fn decode(item: &Item) -> Result<Versioned, StoreError> {
-    let corrupt =
-        |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("pool item: {what}"));
-    let number = |name: &str| -> Result<u64, StoreError> {
-        match item.get(name) {
-            Some(AttributeValue::N(n)) => n.parse().map_err(|_| corrupt(name)),
-            _ => Err(corrupt(name)),
-        }
-    };
-    let version = number(VERSION)?;
-    let count = u16::try_from(number(COUNT)?)
-        .ok()
-        .filter(|c| *c <= MAX_COUNT)
-        .ok_or_else(|| corrupt(COUNT))?;
-    let leases = match item.get(LEASES) {
-        None => Vec::new(),
-        Some(AttributeValue::B(blob)) => unpack(blob.as_ref()).ok_or_else(|| corrupt(LEASES))?,
-        Some(_) => return Err(corrupt(LEASES)),
-    };
-    Ok(Versioned {
-        pool: Pool::from_parts(count, leases),
-        version,
-    })
+fn digest_key(digest: &LeaseDigest) -> String {
+    URL_SAFE_NO_PAD.encode(digest.0)
 }
 
-fn pack(leases: &[Lease]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(leases.len() * LEASE_BYTES);
-    for lease in leases {
-        out.extend_from_slice(&lease.position.to_be_bytes());
-        out.extend_from_slice(&lease.expires_at_ms.to_be_bytes()[2..]);
-        out.extend_from_slice(&lease.digest.0);
-    }
+fn holder_bytes(position: u16, expires_at_ms: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(HOLDER_BYTES);
+    out.extend_from_slice(&position.to_be_bytes());
+    out.extend_from_slice(&expires_at_ms.to_be_bytes()[2..]);
     out
 }
 
-fn unpack(bytes: &[u8]) -> Option<Vec<Lease>> {
-    if !bytes.len().is_multiple_of(LEASE_BYTES) {
-        return None;
-    }
-    bytes
-        .chunks_exact(LEASE_BYTES)
-        .map(|chunk| {
-            let position = u16::from_be_bytes([chunk[0], chunk[1]]);
-            let mut expiry = [0u8; 8];
-            expiry[2..].copy_from_slice(&chunk[2..8]);
-            let digest = LeaseDigest(chunk[8..].try_into().ok()?);
-            Some(Lease {
-                digest,
-                position,
-                expires_at_ms: u64::from_be_bytes(expiry),
-            })
-        })
-        .collect()
+fn ticket_value(ticket: &Ticket) -> AttributeValue {
+    let mut out = Vec::with_capacity(TICKET_BYTES);
+    out.extend_from_slice(&ticket.digest.0);
+    out.extend_from_slice(&ticket.give_up_ms.to_be_bytes()[2..]);
+    AttributeValue::B(Blob::new(out))
 }
 
-/// Bytes DynamoDB bills for an item: attribute names plus values (numbers
-/// approximated as their decimal length), as in the item-size rules.
-pub fn item_size(key: &PoolKey, pool: &Pool, version: Version) -> usize {
-    encode(key, pool, version)
+/// Six big-endian bytes as milliseconds.
+fn ms48(bytes: &[u8]) -> u64 {
+    let mut full = [0u8; 8];
+    full[2..].copy_from_slice(bytes);
+    u64::from_be_bytes(full)
+}
+
+fn encode(key: &PoolKey, record: &Record) -> Item {
+    let pool = &record.pool;
+    let slots = pool
+        .leases()
         .iter()
-        .map(|(name, value)| {
-            name.len()
-                + match value {
-                    AttributeValue::S(s) => s.len(),
-                    AttributeValue::N(n) => n.len().div_ceil(2) + 1,
-                    AttributeValue::B(b) => b.as_ref().len(),
-                    _ => 0,
-                }
+        .map(|l| (l.position.to_string(), number(l.fence)))
+        .collect();
+    let holders = pool
+        .leases()
+        .iter()
+        .map(|l| {
+            (
+                digest_key(&l.digest),
+                AttributeValue::B(Blob::new(holder_bytes(l.position, l.expires_at_ms))),
+            )
         })
+        .collect();
+    let queue = pool.queue().iter().map(ticket_value).collect();
+    HashMap::from([
+        (PK.to_string(), AttributeValue::S(key.to_hex())),
+        (INCARNATION.to_string(), number(record.incarnation)),
+        (COUNT.to_string(), number(pool.count())),
+        (STORED.to_string(), number(pool.leases().len())),
+        (FENCE.to_string(), number(pool.fence())),
+        (SLOTS.to_string(), AttributeValue::M(slots)),
+        (HOLDERS.to_string(), AttributeValue::M(holders)),
+        (QUEUE.to_string(), AttributeValue::L(queue)),
+    ])
+}
+
+fn decode(item: &Item) -> Result<Record, StoreError> {
+    let corrupt =
+        |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("pool item: {what}"));
+    let number = |value: Option<&AttributeValue>, what: &str| -> Result<u64, StoreError> {
+        match value {
+            Some(AttributeValue::N(n)) => n.parse().map_err(|_| corrupt(what)),
+            _ => Err(corrupt(what)),
+        }
+    };
+    let incarnation = number(item.get(INCARNATION), INCARNATION)?;
+    let count = u16::try_from(number(item.get(COUNT), COUNT)?)
+        .ok()
+        .filter(|c| *c <= MAX_COUNT)
+        .ok_or_else(|| corrupt(COUNT))?;
+    let stored = number(item.get(STORED), STORED)?;
+    let fence = number(item.get(FENCE), FENCE)?;
+    let (Some(AttributeValue::M(slots)), Some(AttributeValue::M(holders))) =
+        (item.get(SLOTS), item.get(HOLDERS))
+    else {
+        return Err(corrupt("slots or holders"));
+    };
+    let Some(AttributeValue::L(queue)) = item.get(QUEUE) else {
+        return Err(corrupt(QUEUE));
+    };
+    if slots.len() != holders.len() || holders.len() as u64 != stored {
+        return Err(corrupt("slots, holders and the lease count disagree"));
+    }
+    let mut leases = Vec::with_capacity(holders.len());
+    for (key, value) in holders {
+        let digest = URL_SAFE_NO_PAD
+            .decode(key)
+            .ok()
+            .and_then(|bytes| <[u8; 16]>::try_from(bytes).ok())
+            .ok_or_else(|| corrupt("holder key"))?;
+        let AttributeValue::B(blob) = value else {
+            return Err(corrupt("holder"));
+        };
+        let bytes = blob.as_ref();
+        if bytes.len() != HOLDER_BYTES {
+            return Err(corrupt("holder"));
+        }
+        let position = u16::from_be_bytes([bytes[0], bytes[1]]);
+        let fence = number(slots.get(&position.to_string()), "slot of a holder")?;
+        leases.push(Lease {
+            digest: LeaseDigest(digest),
+            position,
+            expires_at_ms: ms48(&bytes[2..]),
+            fence,
+        });
+    }
+    let queue = queue
+        .iter()
+        .map(|value| match value {
+            AttributeValue::B(blob) if blob.as_ref().len() == TICKET_BYTES => {
+                let bytes = blob.as_ref();
+                let digest = <[u8; 16]>::try_from(&bytes[..16]).ok()?;
+                Some(Ticket {
+                    digest: LeaseDigest(digest),
+                    give_up_ms: ms48(&bytes[16..]),
+                })
+            }
+            _ => None,
+        })
+        .collect::<Option<Vec<Ticket>>>()
+        .ok_or_else(|| corrupt("ticket"))?;
+    let pool = Pool::from_parts(count, fence, leases, queue).map_err(|e| corrupt(e.0))?;
+    Ok(Record { incarnation, pool })
+}
+
+/// Bytes DynamoDB bills for an item, by its item-size rules: attribute names
+/// plus values; a number is about one byte per two digits plus one; a map or
+/// list is 3 bytes plus, per element, its key, its value and one byte.
+pub fn item_size(key: &PoolKey, record: &Record) -> usize {
+    fn value_size(value: &AttributeValue) -> usize {
+        match value {
+            AttributeValue::S(s) => s.len(),
+            AttributeValue::N(n) => n.trim_start_matches('-').len().div_ceil(2) + 1,
+            AttributeValue::B(b) => b.as_ref().len(),
+            AttributeValue::M(m) => {
+                3 + m
+                    .iter()
+                    .map(|(k, v)| k.len() + value_size(v) + 1)
+                    .sum::<usize>()
+            }
+            AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
+            _ => 1,
+        }
+    }
+    encode(key, record)
+        .iter()
+        .map(|(name, value)| name.len() + value_size(value))
         .sum()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::BorrowPlan;
 
-    fn full_pool(count: u16) -> Pool {
-        let mut pool = Pool::new(count);
+    const NOW: u64 = 1_900_000_000_000;
+
+    fn digest(n: u16) -> LeaseDigest {
+        let mut d = [0xab; 16];
+        d[..2].copy_from_slice(&n.to_be_bytes());
+        LeaseDigest(d)
+    }
+
+    /// A pool of `count` with every slot held and `waiting` tickets queued.
+    fn full_pool(count: u16, waiting: u16) -> Record {
+        let mut pool = Pool::new(count, NOW);
         for n in 0..count {
-            let mut digest = [0xab; 16];
-            digest[..2].copy_from_slice(&n.to_be_bytes());
-            pool.borrow(LeaseDigest(digest), 1_900_000_000_000 + u64::from(n), 0)
-                .unwrap();
+            let BorrowPlan::Take { update, .. } =
+                pool.plan_borrow(digest(n), NOW + 3_600_000, NOW, None)
+            else {
+                panic!("slot {n}")
+            };
+            pool = pool.apply(&update).unwrap();
         }
-        pool
+        for n in 0..waiting {
+            let ticket = Ticket {
+                digest: digest(1000 + n),
+                give_up_ms: NOW + 25_000,
+            };
+            let crate::domain::JoinPlan::Join(update) = pool.plan_join(ticket, 1000, NOW) else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        Record {
+            incarnation: u64::MAX,
+            pool,
+        }
     }
 
     #[test]
     fn items_round_trip() {
         let key = PoolKey([7; 32]);
-        for count in [0, 1, 4, 1000] {
-            let pool = full_pool(count);
-            let decoded = decode(&encode(&key, &pool, 42)).unwrap();
-            assert_eq!(decoded.pool, pool);
-            assert_eq!(decoded.version, 42);
+        for (count, waiting) in [(0, 0), (1, 3), (4, 0), (1000, 10)] {
+            let record = full_pool(count, waiting);
+            assert_eq!(decode(&encode(&key, &record)).unwrap(), record);
         }
     }
 
     #[test]
-    fn items_stay_compact() {
+    fn items_stay_within_one_write_unit_at_count_16() {
         let key = PoolKey([7; 32]);
-        let size16 = item_size(&key, &full_pool(16), u64::MAX);
+        let size16 = item_size(&key, &full_pool(16, 0));
         assert!(size16 <= 1024, "count 16 fully held is {size16} bytes");
-        assert!(item_size(&key, &full_pool(1000), u64::MAX) < 400 * 1024);
+        let size4 = item_size(&key, &full_pool(4, 28));
+        assert!(size4 <= 1024, "count 4 with 28 waiting is {size4} bytes");
+        assert!(item_size(&key, &full_pool(1000, 1000)) < 400 * 1024);
     }
 
     #[test]
     fn corrupt_items_are_errors_not_panics() {
         let key = PoolKey([7; 32]);
-        let mut item = encode(&key, &full_pool(2), 1);
-        item.insert(LEASES.into(), AttributeValue::B(Blob::new(vec![1, 2, 3])));
+        let good = encode(&key, &full_pool(2, 1));
+        let broken: Vec<(&str, AttributeValue)> = vec![
+            (
+                QUEUE,
+                AttributeValue::L(vec![AttributeValue::B(Blob::new(vec![1, 2, 3]))]),
+            ),
+            (COUNT, number(1001)),
+            (STORED, number(3)),
+            (FENCE, number(1)),
+            (SLOTS, AttributeValue::M(HashMap::new())),
+            (HOLDERS, AttributeValue::S("x".into())),
+            (INCARNATION, AttributeValue::S("x".into())),
+        ];
+        for (name, value) in broken {
+            let mut item = good.clone();
+            item.insert(name.into(), value);
+            assert_eq!(
+                decode(&item).unwrap_err().kind,
+                StoreErrorKind::Corrupt,
+                "{name}"
+            );
+        }
+        let mut item = good;
+        item.remove(INCARNATION);
         assert_eq!(decode(&item).unwrap_err().kind, StoreErrorKind::Corrupt);
-        item.insert(COUNT.into(), AttributeValue::N("1001".into()));
-        assert_eq!(decode(&item).unwrap_err().kind, StoreErrorKind::Corrupt);
-        item.remove(VERSION);
-        assert_eq!(decode(&item).unwrap_err().kind, StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn expressions_name_only_what_they_touch() {
+        let pool = full_pool(2, 0).pool;
+        let (_, update) = pool.plan_return(digest(1), NOW).unwrap();
+        let e = Expression::of(7, &update);
+        assert_eq!(e.condition, "i = :v0 AND s.#p1 = :v1");
+        assert_eq!(e.update, "SET n = n + :v2 REMOVE h.#d1, s.#p1");
+        // A grant that reuses an expired slot overwrites it instead of removing it.
+        let later = NOW + 3_600_000;
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(digest(9), later + 10, later, None)
+        else {
+            panic!()
+        };
+        let e = Expression::of(7, &update);
+        assert!(e.update.starts_with("SET f = f + "), "{}", e.update);
+        assert!(!e.update.contains("REMOVE s.#p0"), "{}", e.update);
+        assert!(e.condition.contains("size(q) = "), "{}", e.condition);
     }
 }

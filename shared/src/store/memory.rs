@@ -1,18 +1,18 @@
-//! The embedded store: same semantics as DynamoDB's conditional writes, for the
-//! local default and unit tests.
+//! The embedded store: [`Pool::apply`] over a map, with the same semantics as
+//! the DynamoDB store's conditional writes. For the local default and tests.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 
 use async_trait::async_trait;
 
-use super::{new_version, Created, PoolStore, Replaced, StoreError, Version, Versioned};
-use crate::domain::Pool;
+use super::{Created, PoolStore, Record, StoreError, Updated};
+use crate::domain::Update;
 use crate::keys::PoolKey;
 
 #[derive(Default)]
 pub struct MemoryStore {
-    pools: Mutex<HashMap<PoolKey, Versioned>>,
+    pools: Mutex<HashMap<PoolKey, Record>>,
 }
 
 impl MemoryStore {
@@ -20,7 +20,7 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Versioned>> {
+    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Record>> {
         // A panic while holding the lock cannot leave a half-written pool (each
         // write is a single insert), so a poisoned lock is still consistent.
         self.pools.lock().unwrap_or_else(|e| e.into_inner())
@@ -29,44 +29,38 @@ impl MemoryStore {
 
 #[async_trait]
 impl PoolStore for MemoryStore {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
         Ok(self.pools().get(key).cloned())
     }
 
-    async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
         let mut pools = self.pools();
         if let Some(existing) = pools.get(key) {
             return Ok(Created::Exists(existing.clone()));
         }
-        let version = new_version();
-        pools.insert(
-            *key,
-            Versioned {
-                pool: pool.clone(),
-                version,
-            },
-        );
-        Ok(Created::Created(version))
+        pools.insert(*key, record.clone());
+        Ok(Created::Created(record.clone()))
     }
 
-    async fn replace(
+    async fn update(
         &self,
         key: &PoolKey,
-        pool: &Pool,
-        expected: Version,
-    ) -> Result<Replaced, StoreError> {
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
         let mut pools = self.pools();
-        match pools.get_mut(key) {
-            Some(current) if current.version == expected => {
-                let version = new_version();
-                *current = Versioned {
-                    pool: pool.clone(),
-                    version,
-                };
-                Ok(Replaced::Replaced(version))
+        let Some(current) = pools.get_mut(key) else {
+            return Ok(Updated::Gone);
+        };
+        if current.incarnation != incarnation {
+            return Ok(Updated::Lost(current.clone()));
+        }
+        match current.pool.apply(update) {
+            Ok(next) => {
+                current.pool = next;
+                Ok(Updated::Written(current.clone()))
             }
-            Some(current) => Ok(Replaced::Conflict(Some(current.clone()))),
-            None => Ok(Replaced::Conflict(None)),
+            Err(_) => Ok(Updated::Lost(current.clone())),
         }
     }
 

@@ -1,14 +1,16 @@
-//! Where pools live. One record per pool, every change a conditional write
-//! guarded by the record's version token (optimistic concurrency).
+//! Where pools live: one record per pool. Every change is a conditional
+//! [`Update`] checked against exactly what it depends on (see
+//! [`crate::domain`]), plus the pool's incarnation, so a pool deleted and
+//! registered again never takes a write meant for the one before.
 //!
-//! The in-memory store documents the contract the DynamoDB one keeps; both run
-//! the same behavioural tests.
+//! The in-memory store documents the contract the DynamoDB one keeps: it is
+//! `Pool::apply` over a map. Both run the same behavioural tests.
 
 use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::domain::Pool;
+use crate::domain::{Pool, Update};
 use crate::keys::PoolKey;
 
 pub mod dynamodb;
@@ -17,37 +19,46 @@ pub mod memory;
 pub use dynamodb::DynamoDbStore;
 pub use memory::MemoryStore;
 
-/// A version token. Random per write rather than a counter, so a pool that is
-/// deleted and registered again can never match a version read before the
-/// delete (no ABA).
-pub type Version = u64;
-
-/// A pool as loaded, with the version a conditional write must match.
+/// A stored pool, with the incarnation every update is conditioned on.
+/// Incarnations are random per creation, so one read before a delete never
+/// matches the pool registered after it (no ABA).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Versioned {
+pub struct Record {
+    pub incarnation: u64,
     pub pool: Pool,
-    pub version: Version,
 }
 
-/// Outcome of a create: it landed, or a pool is already stored (handed back so
-/// the caller needs no second read).
+impl Record {
+    /// A new pool's record, with a fresh incarnation.
+    pub fn new(pool: Pool) -> Self {
+        Record {
+            incarnation: random_u64(),
+            pool,
+        }
+    }
+}
+
+/// Outcome of a create: it landed, or a pool is already stored (handed back,
+/// so the caller needs no second read).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Created {
-    Created(Version),
-    Exists(Versioned),
+    Created(Record),
+    Exists(Record),
 }
 
-/// Outcome of a conditional replace: it landed, or someone else wrote first.
-/// `Conflict(Some)` carries the current record (no re-read needed);
-/// `Conflict(None)` means the pool is gone.
+/// Outcome of a conditional update.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Replaced {
-    Replaced(Version),
-    Conflict(Option<Versioned>),
+pub enum Updated {
+    /// It landed; the record as it is now.
+    Written(Record),
+    /// A condition failed; the record as it is now (possibly another
+    /// incarnation), so the caller can decide again without a read.
+    Lost(Record),
+    /// No pool is stored.
+    Gone,
 }
 
-/// A database call failed. The write may or may not have landed; callers map
-/// it to a retryable 502.
+/// A database call failed. For a write, it may or may not have landed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreError {
     pub kind: StoreErrorKind,
@@ -58,9 +69,11 @@ pub struct StoreError {
 pub enum StoreErrorKind {
     /// Throttled by the database (capacity or request rate).
     Throttled,
-    /// Any other failed call: network, timeout, service error.
+    /// No answer in the time the request had left.
+    TimedOut,
+    /// Any other failed call: network, service error.
     Unavailable,
-    /// A stored record that cannot be decoded.
+    /// A stored record that cannot be decoded: a bug, not retryable.
     Corrupt,
 }
 
@@ -70,6 +83,11 @@ impl StoreError {
             kind,
             message: message.into(),
         }
+    }
+
+    /// Whether trying again may help (everything but a corrupt record).
+    pub fn is_transient(&self) -> bool {
+        self.kind != StoreErrorKind::Corrupt
     }
 }
 
@@ -83,26 +101,26 @@ impl std::error::Error for StoreError {}
 
 #[async_trait]
 pub trait PoolStore: Send + Sync {
-    /// The pool with its version, or `None` if no pool is stored.
-    async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError>;
+    /// The pool, or `None` if no pool is stored. Always the latest write.
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError>;
 
     /// Stores a new pool unless one exists.
-    async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError>;
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError>;
 
-    /// Replaces the pool only if its version is still `expected`.
-    async fn replace(
+    /// Applies `update` if the stored pool is `incarnation` and every
+    /// expectation of the update holds.
+    async fn update(
         &self,
         key: &PoolKey,
-        pool: &Pool,
-        expected: Version,
-    ) -> Result<Replaced, StoreError>;
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError>;
 
     /// Removes the pool. Returns whether one was there.
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError>;
 }
 
-/// A fresh random version token.
-pub fn new_version() -> Version {
-    // Any 64 random bits will do; uuid's v4 generator is the OS RNG we already have.
+/// 64 random bits from the OS RNG (via uuid's v4 generator, already a dependency).
+pub fn random_u64() -> u64 {
     uuid::Uuid::new_v4().as_u64_pair().0
 }
