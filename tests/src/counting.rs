@@ -10,15 +10,16 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-use semaphore::domain::Pool;
+use semaphore::domain::Update;
 use semaphore::keys::PoolKey;
 use semaphore::store::dynamodb::item_size;
-use semaphore::store::{Created, PoolStore, Replaced, StoreError, Version, Versioned};
+use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 
 /// Shared by every client of one scenario; read as [`Snapshot`] differences.
 #[derive(Default, Debug)]
 pub struct Counters {
     pub http_get: AtomicU64,
+    /// PutItem and UpdateItem: the conditional writes.
     pub http_put: AtomicU64,
     pub http_delete: AtomicU64,
     pub http_other: AtomicU64,
@@ -108,7 +109,8 @@ impl Snapshot {
         }
     }
 
-    /// Conditional writes attempted (PutItem requests, or store writes in memory).
+    /// Conditional writes attempted (PutItem and UpdateItem requests, or store
+    /// writes in memory).
     pub fn write_attempts(&self) -> u64 {
         if self.http_total() > 0 {
             self.http_put
@@ -155,7 +157,7 @@ impl Intercept for HttpCounter {
             .unwrap_or("");
         let counter = match target.rsplit('.').next() {
             Some("GetItem") => &self.0.http_get,
-            Some("PutItem") => &self.0.http_put,
+            Some("PutItem" | "UpdateItem") => &self.0.http_put,
             Some("DeleteItem") => &self.0.http_delete,
             _ => &self.0.http_other,
         };
@@ -175,9 +177,9 @@ pub fn read_units(bytes: usize) -> u64 {
     bytes.div_ceil(4096).max(1) as u64
 }
 
-/// The worst-case item size for a pool (version tokens vary in length).
-pub fn pool_item_size(key: &PoolKey, pool: &Pool) -> usize {
-    item_size(key, pool, Version::MAX)
+/// A pool's item size, as DynamoDB bills it.
+pub fn pool_item_size(key: &PoolKey, record: &Record) -> usize {
+    item_size(key, record)
 }
 
 /// A `PoolStore` wrapper counting calls, conflicts and modelled capacity.
@@ -214,10 +216,10 @@ impl CountingStore {
 
 #[async_trait]
 impl PoolStore for CountingStore {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
         self.counters.loads.fetch_add(1, Ordering::Relaxed);
         let loaded = self.inner.load(key).await?;
-        let size = loaded.as_ref().map(|v| pool_item_size(key, &v.pool));
+        let size = loaded.as_ref().map(|r| pool_item_size(key, r));
         self.remember(key, size);
         self.counters
             .model_rcu_milli
@@ -225,10 +227,10 @@ impl PoolStore for CountingStore {
         Ok(loaded)
     }
 
-    async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let new_size = pool_item_size(key, pool);
-        let outcome = self.inner.create(key, pool).await?;
+        let new_size = pool_item_size(key, record);
+        let outcome = self.inner.create(key, record).await?;
         let old_size = match &outcome {
             Created::Created(_) => {
                 self.remember(key, Some(new_size));
@@ -236,7 +238,7 @@ impl PoolStore for CountingStore {
             }
             Created::Exists(current) => {
                 self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
-                let size = pool_item_size(key, &current.pool);
+                let size = pool_item_size(key, current);
                 self.remember(key, Some(size));
                 size
             }
@@ -245,34 +247,40 @@ impl PoolStore for CountingStore {
         Ok(outcome)
     }
 
-    async fn replace(
+    async fn update(
         &self,
         key: &PoolKey,
-        pool: &Pool,
-        expected: Version,
-    ) -> Result<Replaced, StoreError> {
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let new_size = pool_item_size(key, pool);
-        let seen = self.remember(key, None).unwrap_or(new_size);
-        let outcome = self.inner.replace(key, pool, expected).await?;
-        let old_size = match &outcome {
-            Replaced::Replaced(_) => {
-                self.remember(key, Some(new_size));
-                seen
+        let outcome = self.inner.update(key, incarnation, update).await?;
+        // Billed: the larger of the item before and after (a failed condition
+        // is billed on the item as it is).
+        let units = match &outcome {
+            Updated::Written(record) => {
+                let new_size = pool_item_size(key, record);
+                let old_size = self.remember(key, Some(new_size)).unwrap_or(new_size);
+                write_units(new_size.max(old_size))
             }
-            Replaced::Conflict(current) => {
+            Updated::Lost(current) => {
                 self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
                 if IN_RETURN.try_with(|r| *r).unwrap_or(false) {
                     self.counters
                         .return_conflicts
                         .fetch_add(1, Ordering::Relaxed);
                 }
-                let size = current.as_ref().map(|c| pool_item_size(key, &c.pool));
-                self.remember(key, size);
-                size.unwrap_or(0)
+                let size = pool_item_size(key, current);
+                self.remember(key, Some(size));
+                write_units(size)
+            }
+            Updated::Gone => {
+                self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                self.remember(key, None);
+                1
             }
         };
-        self.wcu(write_units(new_size.max(old_size)));
+        self.wcu(units);
         Ok(outcome)
     }
 

@@ -2,7 +2,11 @@
 //! database call can, at random from a seeded RNG:
 //! - fail before the call reaches the store (nothing changed);
 //! - fail after the inner call landed (the caller sees an error, but the write
-//!   happened: the ambiguous case);
+//!   happened: the ambiguous case, e.g. a timeout or a reset connection);
+//! - for writes, land and then report a lost condition with the current item,
+//!   as when the SDK retried a write that had landed and the retry's
+//!   condition failed (the first attempt, or a third writer, changed what it
+//!   checks): the caller must recognise its own write in that item;
 //! - throttle (fail before, as `StoreErrorKind::Throttled`);
 //! - delay it a few ms (widens races between instances).
 
@@ -12,11 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use semaphore::domain::Pool;
+use semaphore::domain::Update;
 use semaphore::keys::PoolKey;
-use semaphore::store::{
-    Created, PoolStore, Replaced, StoreError, StoreErrorKind, Version, Versioned,
-};
+use semaphore::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 
 use crate::rng::Rng;
 
@@ -25,6 +27,8 @@ use crate::rng::Rng;
 pub struct FaultPlan {
     pub fail_before: f64,
     pub fail_after: f64,
+    /// Writes only: landed, then answered as lost to a newer item.
+    pub retry_lost: f64,
     pub throttle: f64,
     pub delay: f64,
     /// A delayed call waits 1 ..= this many ms.
@@ -37,6 +41,7 @@ impl FaultPlan {
         FaultPlan {
             fail_before: 0.0,
             fail_after: 0.0,
+            retry_lost: 0.0,
             throttle: 0.0,
             delay: 0.0,
             max_delay_ms: 0,
@@ -51,6 +56,7 @@ impl Default for FaultPlan {
         FaultPlan {
             fail_before: 0.03,
             fail_after: 0.03,
+            retry_lost: 0.03,
             throttle: 0.02,
             delay: 0.05,
             max_delay_ms: 8,
@@ -64,6 +70,7 @@ pub struct FaultCounts {
     pub calls: AtomicU64,
     pub failed_before: AtomicU64,
     pub failed_after: AtomicU64,
+    pub retries_lost: AtomicU64,
     pub throttled: AtomicU64,
     pub delayed: AtomicU64,
 }
@@ -72,6 +79,7 @@ impl FaultCounts {
     pub fn total_faults(&self) -> u64 {
         self.failed_before.load(Ordering::Relaxed)
             + self.failed_after.load(Ordering::Relaxed)
+            + self.retries_lost.load(Ordering::Relaxed)
             + self.throttled.load(Ordering::Relaxed)
             + self.delayed.load(Ordering::Relaxed)
     }
@@ -82,10 +90,11 @@ impl fmt::Display for FaultCounts {
         let n = |c: &AtomicU64| c.load(Ordering::Relaxed);
         write!(
             f,
-            "{} store calls: {} failed before, {} failed after landing, {} throttled, {} delayed",
+            "{} store calls: {} failed before, {} failed after landing, {} landed then lost on retry, {} throttled, {} delayed",
             n(&self.calls),
             n(&self.failed_before),
             n(&self.failed_after),
+            n(&self.retries_lost),
             n(&self.throttled),
             n(&self.delayed)
         )
@@ -97,6 +106,7 @@ enum Fault {
     None,
     FailBefore,
     FailAfter,
+    RetryLost,
     Throttle,
     Delay(Duration),
 }
@@ -123,21 +133,33 @@ impl FaultyStore {
         }
     }
 
-    /// Draws this call's fault and counts it.
-    fn draw(&self) -> Fault {
+    /// Draws this call's fault and counts it. `write`: whether the call is a
+    /// conditional write (only those can lose a retry).
+    fn draw(&self, write: bool) -> Fault {
         let (u, delay_ms) = {
             let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
             (rng.unit(), rng.range(1, self.plan.max_delay_ms.max(1)))
         };
         let p = &self.plan;
         let c = &self.counts;
-        let (fault, counter) = if u < p.fail_before {
+        let mut edge = 0.0;
+        let mut below = |p: f64| {
+            edge += p;
+            u < edge
+        };
+        let (fault, counter) = if below(p.fail_before) {
             (Fault::FailBefore, Some(&c.failed_before))
-        } else if u < p.fail_before + p.fail_after {
+        } else if below(p.fail_after) {
             (Fault::FailAfter, Some(&c.failed_after))
-        } else if u < p.fail_before + p.fail_after + p.throttle {
+        } else if below(p.retry_lost) {
+            if write {
+                (Fault::RetryLost, Some(&c.retries_lost))
+            } else {
+                (Fault::None, None)
+            }
+        } else if below(p.throttle) {
             (Fault::Throttle, Some(&c.throttled))
-        } else if u < p.fail_before + p.fail_after + p.throttle + p.delay {
+        } else if below(p.delay) {
             (
                 Fault::Delay(Duration::from_millis(delay_ms)),
                 Some(&c.delayed),
@@ -157,7 +179,35 @@ impl FaultyStore {
     where
         F: std::future::Future<Output = Result<T, StoreError>>,
     {
-        match self.draw() {
+        let fault = self.draw(false);
+        self.inject_drawn(fault, what, call).await
+    }
+
+    /// A conditional write under this call's fault, which may also be "landed,
+    /// then the SDK's retry lost": the caller gets the item as it now is.
+    async fn inject_update(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        match self.draw(true) {
+            Fault::RetryLost => match self.inner.update(key, incarnation, update).await? {
+                Updated::Written(now) | Updated::Lost(now) => Ok(Updated::Lost(now)),
+                Updated::Gone => Ok(Updated::Gone),
+            },
+            fault => {
+                self.inject_drawn(fault, "update", self.inner.update(key, incarnation, update))
+                    .await
+            }
+        }
+    }
+
+    async fn inject_drawn<T, F>(&self, fault: Fault, what: &str, call: F) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>>,
+    {
+        match fault {
             Fault::FailBefore => Err(injected(StoreErrorKind::Unavailable, what, "before")),
             Fault::Throttle => Err(injected(StoreErrorKind::Throttled, what, "before")),
             Fault::FailAfter => {
@@ -169,7 +219,7 @@ impl FaultyStore {
                 tokio::time::sleep(delay).await;
                 call.await
             }
-            Fault::None => call.await,
+            Fault::None | Fault::RetryLost => call.await,
         }
     }
 }
@@ -180,22 +230,21 @@ fn injected(kind: StoreErrorKind, what: &str, when: &str) -> StoreError {
 
 #[async_trait]
 impl PoolStore for FaultyStore {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
         self.inject("load", self.inner.load(key)).await
     }
 
-    async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
-        self.inject("create", self.inner.create(key, pool)).await
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        self.inject("create", self.inner.create(key, record)).await
     }
 
-    async fn replace(
+    async fn update(
         &self,
         key: &PoolKey,
-        pool: &Pool,
-        expected: Version,
-    ) -> Result<Replaced, StoreError> {
-        self.inject("replace", self.inner.replace(key, pool, expected))
-            .await
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        self.inject_update(key, incarnation, update).await
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
@@ -206,6 +255,7 @@ impl PoolStore for FaultyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use semaphore::domain::Pool;
     use semaphore::store::MemoryStore;
 
     #[tokio::test]
@@ -218,10 +268,26 @@ mod tests {
         };
         let store = FaultyStore::new(inner.clone(), plan, 1, counts.clone());
         let key = PoolKey([1; 32]);
-        assert!(store.create(&key, &Pool::new(2)).await.is_err());
+        let record = Record::new(Pool::new(2, 0));
+        assert!(store.create(&key, &record).await.is_err());
         // The write landed although the caller saw an error.
-        assert_eq!(inner.load(&key).await.unwrap().unwrap().pool, Pool::new(2));
+        assert_eq!(inner.load(&key).await.unwrap(), Some(record.clone()));
         assert_eq!(counts.failed_after.load(Ordering::Relaxed), 1);
+
+        // Landed, then reported lost, with the item as the write left it.
+        let plan = FaultPlan {
+            retry_lost: 1.0,
+            ..FaultPlan::none()
+        };
+        let store = FaultyStore::new(inner.clone(), plan, 1, counts.clone());
+        let resize = record.pool.plan_resize(3).unwrap();
+        let Ok(Updated::Lost(now)) = store.update(&key, record.incarnation, &resize).await else {
+            panic!("a landed write reported lost")
+        };
+        assert_eq!(now.pool.count(), 3);
+        assert_eq!(inner.load(&key).await.unwrap(), Some(now));
+        // Reads cannot lose a retry.
+        assert!(store.load(&key).await.is_ok());
 
         let store = FaultyStore::new(inner, FaultPlan::default(), 2, counts.clone());
         for _ in 0..2000 {

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use semaphore::api::{self, ApiResponse};
+use semaphore::service::Call;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
 use semaphore::{config, Limits, Service};
 use serde_json::Value;
@@ -89,7 +90,10 @@ impl ApiClient {
         deadline: Option<Instant>,
     ) -> ApiResponse {
         match api::resolve(method, path) {
-            Ok((route, id)) => api::handle(&self.service, route, id, body, deadline).await,
+            Ok((route, id)) => {
+                let mut call = Call::new(deadline);
+                api::handle(&self.service, route, id, body, &mut call).await
+            }
             Err(err) => api::error_response(&err),
         }
     }

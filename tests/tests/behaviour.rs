@@ -133,8 +133,12 @@ async fn borrow_response_reports_expiry(backend: Backend) {
         .keys()
         .map(String::as_str)
         .collect();
-    assert_eq!(keys, ["lease", "position", "expires_at_unix", "expires_in"]);
+    assert_eq!(
+        keys,
+        ["lease", "position", "expires_at_unix", "expires_in", "fence"]
+    );
     assert_eq!(body["expires_in"], 30);
+    assert!(body["fence"].as_u64().unwrap() < 1 << 53, "a JSON-safe integer");
     let at = body["expires_at_unix"].as_u64().unwrap();
     assert!(at >= (before + 30_000) / 1000 && at <= (after + 30_000) / 1000);
     let lease = lease_of(&body).await;
@@ -152,6 +156,7 @@ async fn ttl_and_wait_are_clamped(backend: Backend) {
         Limits {
             max_ttl_ms: 10_000,
             max_wait_ms: 300,
+            ..Limits::default()
         },
     );
     let id = pool_id();
@@ -491,7 +496,7 @@ async fn routes_and_methods(backend: Backend) {
     ] {
         let response = api.raw(method, &path, b"", None).await;
         assert_eq!(response.status, 405, "{method} {path}");
-        assert_eq!(response.allow, Some(allow));
+        assert_eq!(response.allow.as_deref(), Some(allow));
         assert!(response.body["error"].is_string());
     }
 }

@@ -4,9 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use semaphore::domain::{Exhausted, LeaseDigest, Pool};
+use semaphore::domain::{BorrowPlan, LeaseDigest, Pool};
 use semaphore::keys::PoolId;
-use semaphore::service::{now_ms, BorrowRequest};
+use semaphore::service::{now_ms, BorrowRequest, Call};
 use semaphore::Limits;
 use semaphore_tests::harness::{dynamodb_store, memory_store, pool_id, ApiClient};
 
@@ -18,20 +18,31 @@ fn parse(id: &str) -> PoolId {
     semaphore::api::parse_pool_id(id).unwrap()
 }
 
+/// The position a newcomer would be granted at `now`, if any.
+fn grant(pool: &Pool, n: u8, expires_at_ms: u64, now: u64) -> Option<u16> {
+    match pool.plan_borrow(d(n), expires_at_ms, now, None) {
+        BorrowPlan::Take { position, .. } => Some(position),
+        _ => None,
+    }
+}
+
 #[test]
 fn a_lease_expiring_exactly_now_is_free_now() {
-    let mut pool = Pool::new(1);
-    assert_eq!(pool.borrow(d(1), 1000, 0), Ok(0));
-    assert_eq!(pool.borrow(d(2), 2000, 999), Err(Exhausted));
-    assert!(pool.holds(d(1), 999));
-    assert_eq!(pool.next_expiry(999), Some(1000));
+    let mut pool = Pool::new(1, 0);
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(d(1), 1000, 0, None) else {
+        panic!("an empty pool grants")
+    };
+    pool = pool.apply(&update).unwrap();
+    assert_eq!(grant(&pool, 2, 2000, 999), None);
+    assert!(pool.live_lease(d(1), 999).is_some());
+    assert_eq!(pool.nth_expiry(1, 999), Some(1000));
     // At exactly expires_at the lease is gone: not held, not returnable,
     // not counted, and its slot is granted.
-    assert!(!pool.holds(d(1), 1000));
+    assert!(pool.live_lease(d(1), 1000).is_none());
     assert_eq!(pool.state(1000).in_use, 0);
-    assert_eq!(pool.next_expiry(1000), None);
-    assert!(!pool.clone().return_lease(d(1), 1000));
-    assert_eq!(pool.borrow(d(2), 2000, 1000), Ok(0));
+    assert_eq!(pool.nth_expiry(1, 1000), None);
+    assert!(pool.plan_return(d(1), 1000).is_none());
+    assert_eq!(grant(&pool, 2, 2000, 1000), Some(0));
 }
 
 /// Through the service: at the first millisecond ≥ `expires_at_ms`, a
@@ -49,8 +60,9 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
             BorrowRequest {
                 ttl_ms: 5_000,
                 wait_ms: 0,
+                lease: None,
             },
-            None,
+            &mut Call::default(),
         )
         .await
         .unwrap();
@@ -60,8 +72,9 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
             BorrowRequest {
                 ttl_ms: 120,
                 wait_ms: 0,
+                lease: None,
             },
-            None,
+            &mut Call::default(),
         )
         .await
         .unwrap();
@@ -75,14 +88,15 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
             BorrowRequest {
                 ttl_ms: 5_000,
                 wait_ms: 0,
+                lease: None,
             },
-            None,
+            &mut Call::default(),
         )
         .await
         .unwrap();
     assert_eq!(next.position, 1);
     assert!(!service
-        .return_lease(parse(&id), short.lease, None)
+        .return_lease(parse(&id), short.lease, &mut Call::default())
         .await
         .unwrap());
 }
@@ -94,6 +108,7 @@ async fn ttl_at_and_above_the_clamp_reports_the_clamp() {
     let limits = Limits {
         max_ttl_ms: 2_000,
         max_wait_ms: 1_000,
+        ..Limits::default()
     };
     let api = ApiClient::new(memory_store(), limits);
     let id = pool_id();
@@ -139,6 +154,7 @@ async fn wait_above_the_clamp_waits_the_clamp() {
     let limits = Limits {
         max_ttl_ms: 60_000,
         max_wait_ms: 300,
+        ..Limits::default()
     };
     let api = ApiClient::new(memory_store(), limits);
     let id = pool_id();

@@ -26,6 +26,7 @@ const INSTANCES: usize = 4;
 const LIMITS: Limits = Limits {
     max_ttl_ms: 300,
     max_wait_ms: 500,
+    max_waiters: 100,
 };
 
 fn seed() -> u64 {
@@ -235,18 +236,18 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
     }
 }
 
-/// The checker is not vacuous: a store whose writes ignore the version (lost
-/// updates) must show over-issue, shared positions or lost leases.
+/// The checker is not vacuous: a store whose writes ignore their conditions
+/// (lost updates) must show over-issue, shared positions or lost leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn checker_catches_a_store_that_ignores_versions() {
-    let store: Arc<dyn PoolStore> = Arc::new(broken::IgnoresVersions(memory_store()));
+async fn checker_catches_a_store_that_ignores_conditions() {
+    let store: Arc<dyn PoolStore> = Arc::new(broken::IgnoresConditions(memory_store()));
     let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
     let workload = Workload::new(seed(), 1500);
     let run = workload::run(&workload, &apis).await;
     let violations = check(&run.ops, &config(false));
     let rules: std::collections::BTreeSet<_> = violations.iter().map(|v| v.rule).collect();
     eprintln!(
-        "ignores versions: {} violations, rules {rules:?}",
+        "ignores conditions: {} violations, rules {rules:?}",
         violations.len()
     );
     assert!(
@@ -286,34 +287,36 @@ mod broken {
     use std::time::{Duration, Instant};
 
     use async_trait::async_trait;
-    use semaphore::domain::Pool;
+    use semaphore::domain::Update;
     use semaphore::keys::PoolKey;
-    use semaphore::store::{Created, PoolStore, Replaced, StoreError, Version, Versioned};
+    use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 
-    /// Replaces whatever is stored, whatever version the caller read.
-    pub struct IgnoresVersions(pub Arc<dyn PoolStore>);
+    /// Applies every update's changes whatever the pool is now: no condition
+    /// but the incarnation is checked.
+    pub struct IgnoresConditions(pub Arc<dyn PoolStore>);
 
     #[async_trait]
-    impl PoolStore for IgnoresVersions {
-        async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+    impl PoolStore for IgnoresConditions {
+        async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
             let loaded = self.0.load(key).await;
             // Widen the read-to-write window so that writers overlap.
             tokio::time::sleep(Duration::from_millis(2)).await;
             loaded
         }
-        async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
-            self.0.create(key, pool).await
+        async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+            self.0.create(key, record).await
         }
-        async fn replace(
+        async fn update(
             &self,
             key: &PoolKey,
-            pool: &Pool,
-            _: Version,
-        ) -> Result<Replaced, StoreError> {
-            match self.0.load(key).await? {
-                Some(current) => self.0.replace(key, pool, current.version).await,
-                None => Ok(Replaced::Conflict(None)),
-            }
+            incarnation: u64,
+            update: &Update,
+        ) -> Result<Updated, StoreError> {
+            let unconditional = Update {
+                expect: Vec::new(),
+                changes: update.changes.clone(),
+            };
+            self.0.update(key, incarnation, &unconditional).await
         }
         async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
             self.0.delete(key).await
@@ -323,7 +326,7 @@ mod broken {
     /// Serves each pool's reads from a copy refreshed every 500 ms.
     pub struct StaleReads {
         inner: Arc<dyn PoolStore>,
-        cache: Mutex<HashMap<PoolKey, (Instant, Option<Versioned>)>>,
+        cache: Mutex<HashMap<PoolKey, (Instant, Option<Record>)>>,
     }
 
     impl StaleReads {
@@ -337,7 +340,7 @@ mod broken {
 
     #[async_trait]
     impl PoolStore for StaleReads {
-        async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+        async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
             if let Some((at, cached)) = self.cache.lock().unwrap().get(key) {
                 if at.elapsed() < Duration::from_millis(500) {
                     return Ok(cached.clone());
@@ -350,24 +353,24 @@ mod broken {
                 .insert(*key, (Instant::now(), fresh.clone()));
             Ok(fresh)
         }
-        async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
-            self.inner.create(key, pool).await
+        async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+            self.inner.create(key, record).await
         }
-        async fn replace(
+        async fn update(
             &self,
             key: &PoolKey,
-            pool: &Pool,
-            expected: Version,
-        ) -> Result<Replaced, StoreError> {
-            let outcome = self.inner.replace(key, pool, expected).await?;
-            // A writer that lost learns the truth (else it would only lose
-            // races until the cache expires); waiters keep reading stale
+            incarnation: u64,
+            update: &Update,
+        ) -> Result<Updated, StoreError> {
+            let outcome = self.inner.update(key, incarnation, update).await?;
+            // A writer learns the truth from its own writes (else it would only
+            // lose races until the cache expires); waiters keep reading stale
             // state after a return, so their wake-ups get lost.
-            if let Replaced::Conflict(current) = &outcome {
+            if let Updated::Written(current) | Updated::Lost(current) = &outcome {
                 self.cache
                     .lock()
                     .unwrap()
-                    .insert(*key, (Instant::now(), current.clone()));
+                    .insert(*key, (Instant::now(), Some(current.clone())));
             }
             Ok(outcome)
         }

@@ -2,36 +2,64 @@
 //! embedded store and with `--dynamodb` on DynamoDB Local.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 struct Server {
     child: Child,
     port: u16,
+    /// Every line the server printed after its first.
+    lines: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
     fn start(extra: &[&str]) -> Server {
+        Self::start_with_env(extra, &[])
+    }
+
+    fn start_with_env(extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_local-api"))
             .args(["--port", "0"])
             .args(extra)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .expect("start local-api");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        BufReader::new(child.stdout.as_mut().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        stdout.read_line(&mut line).unwrap();
         let port = line
             .split("127.0.0.1:")
             .nth(1)
             .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no port in {line:?}"));
-        Server { child, port }
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let collected = lines.clone();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                collected.lock().unwrap().push(line);
+            }
+        });
+        Server { child, port, lines }
+    }
+
+    /// The lines printed so far (after the first), waiting briefly for `n`.
+    fn lines(&self, n: usize) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let lines = self.lines.lock().unwrap().clone();
+            if lines.len() >= n || Instant::now() > deadline {
+                return lines;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// One HTTP/1.1 request; returns status, headers (lowercased) and JSON body.
@@ -150,4 +178,163 @@ fn bad_arguments_print_usage() {
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&output.stderr).contains("usage: local-api --port P"));
+}
+
+fn dynamodb_endpoint() -> String {
+    std::env::var("DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
+        panic!("DYNAMODB_ENDPOINT is not set: run the suite with tests/run, which starts DynamoDB Local")
+    })
+}
+
+/// The settings the functions read, out of their ranges: the server refuses
+/// to start, exit status 2, one line naming the variable — never a panic.
+#[test]
+fn config_out_of_range_is_refused_at_start() {
+    for (name, value) in [
+        ("MAX_WAIT_SECONDS", "26"),
+        ("MAX_WAIT_SECONDS", "-1"),
+        ("MAX_TTL_SECONDS", "0.0004"),
+        ("MAX_TTL_SECONDS", "1e300"),
+        ("MAX_WAITERS", "0"),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_local-api"))
+            .args(["--port", "0"])
+            .env(name, value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{name}={value}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(name) && !stderr.contains("panicked"), "{stderr}");
+    }
+    // 0 is a valid wait ("never block").
+    let server = Server::start_with_env(&[], &[("MAX_WAIT_SECONDS", "0")]);
+    server.interrupt();
+}
+
+/// A TCP proxy to DynamoDB Local that can be switched to accept connections
+/// and read requests but never answer, on new and open connections alike.
+struct Blackhole {
+    port: u16,
+    hang: Arc<AtomicBool>,
+}
+
+impl Blackhole {
+    fn start(upstream: &str) -> Blackhole {
+        let upstream = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .to_string();
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let hang = Arc::new(AtomicBool::new(false));
+        let flag = hang.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming().map_while(Result::ok) {
+                let Ok(server) = TcpStream::connect(&upstream) else {
+                    continue;
+                };
+                for (mut from, mut to) in [
+                    (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                    (server, client),
+                ] {
+                    let hang = flag.clone();
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        while let Ok(n) = from.read(&mut buf) {
+                            // Hanging: read and drop, keep the socket open.
+                            if n == 0 || (!hang.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err()) {
+                                break;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        Blackhole { port, hang }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// DynamoDB stops answering (it accepts connections and reads requests, but
+/// never responds): every route still answers our JSON 502 — never a hang,
+/// never another body — within `wait` + 5 s, the local server's bound.
+#[test]
+fn a_database_that_never_answers_gets_json_502_in_time() {
+    let proxy = Blackhole::start(&dynamodb_endpoint());
+    let table = format!("local-api-{}", uuid::Uuid::new_v4().simple());
+    let server = Server::start_with_env(
+        &["--dynamodb", &proxy.endpoint(), "--table", &table, "--log-format", "json"],
+        &[("MAX_WAIT_SECONDS", "2")],
+    );
+    let id = uuid::Uuid::new_v4().to_string();
+    let pool = format!("/l/{id}");
+    assert_eq!(server.request("PUT", &pool, r#"{"count": 1}"#).0, 200);
+    proxy.hang.store(true, Ordering::SeqCst);
+    let lease = uuid::Uuid::new_v4();
+    let requests = [
+        ("PUT", pool.clone(), r#"{"count": 2}"#.to_string(), 0.0),
+        ("GET", pool.clone(), String::new(), 0.0),
+        ("DELETE", pool.clone(), String::new(), 0.0),
+        ("POST", format!("{pool}/borrow"), r#"{"ttl": 5}"#.to_string(), 0.0),
+        ("POST", format!("{pool}/borrow"), r#"{"ttl": 5, "wait": 2}"#.to_string(), 2.0),
+        ("POST", format!("{pool}/return"), format!(r#"{{"lease": "{lease}"}}"#), 0.0),
+    ];
+    for (method, path, body, wait) in requests {
+        let started = Instant::now();
+        let (status, head, json) = server.request(method, &path, &body);
+        let took = started.elapsed();
+        println!("{method} {path}: {status} after {took:?}");
+        assert_eq!(status, 502, "{method} {path}: {json}");
+        assert!(head.contains("content-type: application/json"));
+        assert!(json["error"].as_str().unwrap().contains("retry"), "{json}");
+        assert!(
+            took < Duration::from_secs_f64(wait + 5.0),
+            "{method} {path} answered after {took:?}"
+        );
+    }
+    // One EMF line per request, the 502s among them; never a whole UUID.
+    let lines = server.lines(7);
+    let statuses: Vec<u64> = lines
+        .iter()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|l| l["_aws"]["CloudWatchMetrics"].is_array())
+        .filter_map(|l| l["status"].as_u64())
+        .collect();
+    assert_eq!(statuses, [200, 502, 502, 502, 502, 502, 502], "{lines:#?}");
+    assert!(lines.iter().all(|l| !l.contains(&id) && !l.contains(&lease.to_string())));
+}
+
+/// `--log-format json`: every request's line is JSON and EMF, for a success,
+/// a 409 and an error; the pool shows as its first 8 hex digits only.
+#[test]
+fn json_log_lines_are_embedded_metric_format() {
+    let server = Server::start(&["--log-format", "json"]);
+    let id = uuid::Uuid::new_v4().to_string();
+    let pool = format!("/l/{id}");
+    server.request("PUT", &pool, r#"{"count": 1}"#);
+    server.request("POST", &format!("{pool}/borrow"), r#"{"ttl": 30}"#);
+    server.request("POST", &format!("{pool}/borrow"), r#"{"ttl": 30}"#);
+    server.request("GET", "/nowhere", "");
+    let lines = server.lines(4);
+    assert_eq!(lines.len(), 4, "{lines:#?}");
+    let mut statuses = Vec::new();
+    for line in &lines {
+        let line: Value = serde_json::from_str(line).expect("a JSON line");
+        let directive = &line["_aws"]["CloudWatchMetrics"][0];
+        assert!(line["_aws"]["Timestamp"].is_u64());
+        assert_eq!(directive["Dimensions"], json!([["Route"]]));
+        for metric in directive["Metrics"].as_array().unwrap() {
+            assert!(line[metric["Name"].as_str().unwrap()].is_number());
+        }
+        assert!(line["Route"].is_string());
+        statuses.push(line["status"].as_u64().unwrap());
+    }
+    assert_eq!(statuses, [200, 200, 409, 404]);
+    assert!(lines.iter().all(|l| !l.contains(&id)));
+    assert!(lines[0].contains(&format!("\"pool\":\"{}\"", &id[..8])));
+    server.interrupt();
 }

@@ -1,0 +1,269 @@
+//! Fences, idempotent borrows and fair (FIFO) waiting, on both stores.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use semaphore::Limits;
+use semaphore_tests::harness::{pool_id, ApiClient, Backend};
+use serde_json::Value;
+
+macro_rules! on_both_stores {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(super::Backend::Memory).await }) *
+        }
+        mod dynamodb {
+            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn $name() { super::$name(super::Backend::DynamoDb).await }) *
+        }
+    };
+}
+
+on_both_stores!(
+    fences_strictly_increase_even_across_delete,
+    a_borrow_with_a_lease_id_is_idempotent,
+    concurrent_duplicates_take_one_slot,
+    waiting_duplicates_take_one_slot_and_leave_no_ticket,
+    waiters_are_served_in_arrival_order,
+    a_newcomer_never_takes_a_slot_an_earlier_waiter_waits_for,
+    a_full_queue_refuses_at_once,
+    a_waiter_that_gives_up_leaves_no_trace,
+);
+
+/// `instances` services over one store, as Lambda containers share a table.
+async fn instances(backend: Backend, n: usize, limits: Limits) -> Vec<Arc<ApiClient>> {
+    let store = backend.store().await;
+    (0..n)
+        .map(|_| Arc::new(ApiClient::new(store.clone(), limits)))
+        .collect()
+}
+
+async fn borrow_as(api: &ApiClient, id: &str, lease: &str, ttl: f64, wait: f64) -> (u16, Value) {
+    api.call(
+        "POST",
+        &format!("/l/{id}/borrow"),
+        &format!(r#"{{"ttl":{ttl},"wait":{wait},"lease":"{lease}"}}"#),
+    )
+    .await
+}
+
+fn fence(body: &Value) -> u64 {
+    body["fence"].as_u64().unwrap_or_else(|| panic!("no fence in {body}"))
+}
+
+async fn fences_strictly_increase_even_across_delete(backend: Backend) {
+    let api = ApiClient::for_backend(backend).await;
+    let id = pool_id();
+    api.register(&id, 2).await;
+    let mut last = 0;
+    for _ in 0..5 {
+        let (status, a) = api.borrow(&id, 30.0, 0.0).await;
+        assert_eq!(status, 200, "{a}");
+        let (_, b) = api.borrow(&id, 30.0, 0.0).await;
+        assert!(fence(&a) > last && fence(&b) > fence(&a), "{a} {b}");
+        last = fence(&b);
+        for body in [a, b] {
+            api.return_lease(&id, body["lease"].as_str().unwrap()).await;
+        }
+    }
+    // Deleted and registered again at once: the new pool's fences are above
+    // every fence the old one issued.
+    api.delete(&id).await;
+    api.register(&id, 1).await;
+    let (_, body) = api.borrow(&id, 30.0, 0.0).await;
+    assert!(fence(&body) > last, "{} after {last}", fence(&body));
+    assert!(fence(&body) < 1 << 53);
+}
+
+async fn a_borrow_with_a_lease_id_is_idempotent(backend: Backend) {
+    let api = ApiClient::for_backend(backend).await;
+    let id = pool_id();
+    api.register(&id, 3).await;
+    let lease = uuid::Uuid::new_v4().to_string();
+    let (status, first) = borrow_as(&api, &id, &lease.to_uppercase(), 30.0, 0.0).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["lease"], lease.as_str(), "the id the client chose, lowercase");
+    assert_eq!(first["expires_in"], 30);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let (status, again) = borrow_as(&api, &id, &lease, 30.0, 0.0).await;
+    assert_eq!(status, 200);
+    for field in ["lease", "position", "expires_at_unix", "fence"] {
+        assert_eq!(again[field], first[field], "{field}: {first} vs {again}");
+    }
+    let left = again["expires_in"].as_f64().unwrap();
+    assert!(left < 30.0 && left > 29.0, "expires_in is the time left: {again}");
+    assert_eq!(api.inspect(&id).await.1["in_use"], 1, "one slot, not two");
+
+    // Returned, the id may be used again: a new grant.
+    assert_eq!(api.return_lease(&id, &lease).await.1["returned"], true);
+    let (status, fresh) = borrow_as(&api, &id, &lease, 30.0, 0.0).await;
+    assert_eq!(status, 200);
+    assert!(fence(&fresh) > fence(&first));
+    assert_eq!(api.inspect(&id).await.1["in_use"], 1);
+
+    // The nil UUID, or not a UUID: 400.
+    for bad in ["00000000-0000-0000-0000-000000000000", "x"] {
+        let (status, body) = borrow_as(&api, &id, bad, 30.0, 0.0).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+}
+
+/// Eight copies of one borrow (a client retrying after lost answers) race
+/// over four instances: one slot is taken, and every copy answers its grant.
+async fn concurrent_duplicates_take_one_slot(backend: Backend) {
+    let apis = instances(backend, 4, Limits::default()).await;
+    let id = pool_id();
+    apis[0].register(&id, 3).await;
+    let lease = uuid::Uuid::new_v4().to_string();
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (api, id, lease) = (apis[i % 4].clone(), id.clone(), lease.clone());
+            tokio::spawn(async move { borrow_as(&api, &id, &lease, 30.0, 0.0).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        answers.push((body["position"].clone(), fence(&body)));
+    }
+    answers.dedup();
+    assert_eq!(answers.len(), 1, "copies disagree: {answers:?}");
+    assert_eq!(apis[0].inspect(&id).await.1["in_use"], 1);
+}
+
+/// Copies of one borrow waiting on a full pool: when a slot frees, they all
+/// answer the one grant, and none leaves a ticket that would make later
+/// borrowers wait.
+async fn waiting_duplicates_take_one_slot_and_leave_no_ticket(backend: Backend) {
+    let apis = instances(backend, 4, Limits::default()).await;
+    let id = pool_id();
+    apis[0].register(&id, 1).await;
+    let (_, holder) = apis[0].borrow(&id, 30.0, 0.0).await;
+    let lease = uuid::Uuid::new_v4().to_string();
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let (api, id, lease) = (apis[i].clone(), id.clone(), lease.clone());
+            tokio::spawn(async move { borrow_as(&api, &id, &lease, 30.0, 5.0).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    apis[0]
+        .return_lease(&id, holder["lease"].as_str().unwrap())
+        .await;
+    let mut fences = Vec::new();
+    for task in tasks {
+        let (status, body) = task.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        fences.push(fence(&body));
+    }
+    fences.dedup();
+    assert_eq!(fences.len(), 1, "copies got different grants: {fences:?}");
+    assert_eq!(apis[0].inspect(&id).await.1["in_use"], 1);
+    apis[0].return_lease(&id, &lease).await;
+    let started = Instant::now();
+    let (status, body) = apis[1].borrow(&id, 30.0, 0.0).await;
+    assert_eq!(status, 200, "a copy's ticket was left behind: {body}");
+    assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// Five waiters arrive 60 ms apart on a held pool of count 1; each holds its
+/// slot 100 ms. They are granted in the order they arrived.
+async fn waiters_are_served_in_arrival_order(backend: Backend) {
+    let apis = instances(backend, 4, Limits::default()).await;
+    let id = pool_id();
+    apis[0].register(&id, 1).await;
+    let (_, holder) = apis[0].borrow(&id, 30.0, 0.0).await;
+    let mut tasks = Vec::new();
+    for i in 0..5usize {
+        let (api, id) = (apis[i % 4].clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            let (status, body) = api.borrow(&id, 0.1, 10.0).await;
+            (i, status, body, Instant::now())
+        }));
+        tokio::time::sleep(Duration::from_millis(60)).await;
+    }
+    apis[0]
+        .return_lease(&id, holder["lease"].as_str().unwrap())
+        .await;
+    let mut grants = Vec::new();
+    for task in tasks {
+        let (i, status, body, at) = task.await.unwrap();
+        assert_eq!(status, 200, "waiter {i}: {body}");
+        grants.push((fence(&body), i, at));
+    }
+    grants.sort();
+    let order: Vec<usize> = grants.iter().map(|g| g.1).collect();
+    assert_eq!(order, [0, 1, 2, 3, 4], "granted out of arrival order");
+    assert!(grants.windows(2).all(|w| w[0].2 <= w[1].2));
+}
+
+/// A slot freed while a borrower waits is the waiter's: a newcomer that
+/// arrives right after the return gets 409, however quick it is.
+async fn a_newcomer_never_takes_a_slot_an_earlier_waiter_waits_for(backend: Backend) {
+    let apis = instances(backend, 2, Limits::default()).await;
+    for _ in 0..3 {
+        let id = pool_id();
+        apis[0].register(&id, 1).await;
+        let (_, holder) = apis[0].borrow(&id, 30.0, 0.0).await;
+        let waiter = {
+            let (api, id) = (apis[1].clone(), id.clone());
+            tokio::spawn(async move { api.borrow(&id, 30.0, 5.0).await })
+        };
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        apis[0]
+            .return_lease(&id, holder["lease"].as_str().unwrap())
+            .await;
+        let (status, body) = apis[0].borrow(&id, 30.0, 0.0).await;
+        assert_eq!(status, 409, "the newcomer overtook the waiter: {body}");
+        let (status, body) = waiter.await.unwrap();
+        assert_eq!((status, body["position"].as_u64()), (200, Some(0)));
+    }
+}
+
+async fn a_full_queue_refuses_at_once(backend: Backend) {
+    let limits = Limits {
+        max_waiters: 2,
+        ..Limits::default()
+    };
+    let apis = instances(backend, 3, limits).await;
+    let id = pool_id();
+    apis[0].register(&id, 1).await;
+    apis[0].borrow(&id, 30.0, 0.0).await;
+    let waiters: Vec<_> = (0..2)
+        .map(|i| {
+            let (api, id) = (apis[i].clone(), id.clone());
+            tokio::spawn(async move { api.borrow(&id, 30.0, 1.5).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    let (status, body) = apis[2].borrow(&id, 30.0, 5.0).await;
+    assert_eq!(status, 409, "{body}");
+    assert_eq!(body["error"], "no resource available");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "a third waiter waited {:?}",
+        started.elapsed()
+    );
+    for waiter in waiters {
+        assert_eq!(waiter.await.unwrap().0, 409);
+    }
+}
+
+/// A waiter that gives up cancels its ticket: once the slot frees, a
+/// newcomer gets it at once.
+async fn a_waiter_that_gives_up_leaves_no_trace(backend: Backend) {
+    let api = ApiClient::for_backend(backend).await;
+    let id = pool_id();
+    api.register(&id, 1).await;
+    let (_, holder) = api.borrow(&id, 30.0, 0.0).await;
+    let started = Instant::now();
+    assert_eq!(api.borrow(&id, 30.0, 0.3).await.0, 409);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    api.return_lease(&id, holder["lease"].as_str().unwrap())
+        .await;
+    let (status, body) = api.borrow(&id, 30.0, 0.0).await;
+    assert_eq!((status, body["position"].as_u64()), (200, Some(0)));
+}
