@@ -124,8 +124,38 @@ pub async fn service_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result
     let config = Config::from_lookup(&var)?;
     let endpoint = var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty());
     let client = dynamodb_client(endpoint.as_deref()).await;
+    warm_up(&client, &config.table_name).await;
     let store: Arc<dyn PoolStore> = Arc::new(DynamoDbStore::new(client, config.table_name));
     Ok(Service::new(store, config.limits))
+}
+
+/// The key of the one read a function makes during init; no pool has it (pool
+/// keys are 64 hex digits), and IAM lets functions that may not otherwise
+/// read the table read only this key.
+pub const WARM_UP_KEY: &str = "warm-up";
+
+/// Opens the connection to DynamoDB during init (DNS, TCP, TLS and the SDK's
+/// first-call set-up), so the first request does not pay for it; the client
+/// keeps the connection for later invocations. A failure only costs the first
+/// request that time again.
+async fn warm_up(client: &aws_sdk_dynamodb::Client, table: &str) {
+    let started = std::time::Instant::now();
+    let read = client
+        .get_item()
+        .table_name(table)
+        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(WARM_UP_KEY.into()))
+        .send();
+    match tokio::time::timeout(Duration::from_secs(3), read).await {
+        Ok(Ok(_)) => tracing::info!(
+            ms = started.elapsed().as_millis() as u64,
+            "DynamoDB connection opened during init"
+        ),
+        Ok(Err(err)) => tracing::warn!(
+            error = %aws_sdk_dynamodb::error::DisplayErrorContext(&err),
+            "DynamoDB warm-up read failed"
+        ),
+        Err(_) => tracing::warn!("DynamoDB warm-up read timed out"),
+    }
 }
 
 #[cfg(test)]

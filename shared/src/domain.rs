@@ -1014,6 +1014,91 @@ mod properties {
         LeaseDigest([who; 16])
     }
 
+    /// API.md's model, written as plainly as possible: live leases are those
+    /// with `now < expires_at`; a borrow takes the lowest position of
+    /// `0..count` no live lease holds, if fewer than `count` are live.
+    mod model {
+        use super::super::{Lease, LeaseDigest};
+        use proptest::prelude::*;
+
+        #[derive(Clone, Debug)]
+        pub enum Op {
+            Borrow { ttl: u64 },
+            Return { which: u8 },
+            Resize { count: u16 },
+            Advance { ms: u64 },
+            /// Round-trip through stored parts, leases in a shuffled order.
+            Reload { shuffle: u64 },
+        }
+
+        pub fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                5 => (1u64..60).prop_map(|ttl| Op::Borrow { ttl }),
+                2 => any::<u8>().prop_map(|which| Op::Return { which }),
+                1 => (0u16..8).prop_map(|count| Op::Resize { count }),
+                3 => (0u64..25).prop_map(|ms| Op::Advance { ms }),
+                1 => any::<u64>().prop_map(|shuffle| Op::Reload { shuffle }),
+            ]
+        }
+
+        #[derive(Clone, Debug, Default)]
+        pub struct Model {
+            pub count: u16,
+            pub leases: Vec<(LeaseDigest, u16, u64)>,
+        }
+
+        impl Model {
+            pub fn live(&self, now: u64) -> Vec<(LeaseDigest, u16)> {
+                let mut live: Vec<(LeaseDigest, u16)> = self
+                    .leases
+                    .iter()
+                    .filter(|l| now < l.2)
+                    .map(|l| (l.0, l.1))
+                    .collect();
+                live.sort_by_key(|l| (l.1, l.0));
+                live
+            }
+
+            pub fn borrow(&mut self, digest: LeaseDigest, expires_at: u64, now: u64) -> Option<u16> {
+                let live = self.live(now);
+                if live.len() >= usize::from(self.count) {
+                    return None;
+                }
+                let position = (0..self.count).find(|p| live.iter().all(|l| l.1 != *p))?;
+                self.leases.retain(|l| now < l.2);
+                self.leases.push((digest, position, expires_at));
+                Some(position)
+            }
+
+            pub fn return_lease(&mut self, digest: LeaseDigest, now: u64) -> bool {
+                let before = self.live(now).len();
+                self.leases.retain(|l| now < l.2 && l.0 != digest);
+                self.live(now).len() != before
+            }
+        }
+
+        pub fn live(leases: &[Lease], now: u64) -> Vec<(LeaseDigest, u16)> {
+            let mut live: Vec<(LeaseDigest, u16)> = leases
+                .iter()
+                .filter(|l| l.is_live(now))
+                .map(|l| (l.digest, l.position))
+                .collect();
+            live.sort_by_key(|l| (l.1, l.0));
+            live
+        }
+
+        /// A deterministic shuffle (Fisher–Yates on a xorshift stream).
+        pub fn shuffled(mut leases: Vec<Lease>, mut seed: u64) -> Vec<Lease> {
+            for i in (1..leases.len()).rev() {
+                seed ^= seed << 13;
+                seed ^= seed >> 7;
+                seed ^= seed << 17;
+                leases.swap(i, (seed % (i as u64 + 1)) as usize);
+            }
+            leases
+        }
+    }
+
     /// Checks one landed update: `prev` → `next` at `now`.
     fn check_landed(prev: &Pool, next: &Pool, now: u64) -> Result<(), TestCaseError> {
         let rebuilt = Pool::from_parts(
@@ -1130,6 +1215,118 @@ mod properties {
                 let state = pool.state(now);
                 prop_assert_eq!(state.available, u32::from(state.count).saturating_sub(state.in_use));
             }
+        }
+
+        /// Applied one at a time, fresh plans agree with API.md's plain model
+        /// after every step: no operation loses, moves or resurrects a lease,
+        /// every grant is the lowest free position, and reloading the pool
+        /// from its stored parts, in any order, changes nothing.
+        #[test]
+        fn sequential_plans_agree_with_the_model(
+            initial in 0u16..8,
+            ops in proptest::collection::vec(model::op(), 1..250),
+        ) {
+            let mut pool = Pool::new(initial, 0);
+            let mut model = model::Model { count: initial, leases: Vec::new() };
+            let mut now = 0u64;
+            let mut issued = 0u8;
+            for op in ops {
+                match op {
+                    model::Op::Borrow { ttl } => {
+                        let d = digest(issued);
+                        issued = issued.wrapping_add(1);
+                        let expected = model.borrow(d, now + ttl, now);
+                        let got = loop {
+                            match pool.plan_borrow(d, now + ttl, now, None) {
+                                BorrowPlan::Take { update, position } => {
+                                    pool = pool.apply(&update).expect("a fresh plan holds");
+                                    break Some(position);
+                                }
+                                BorrowPlan::Prune(update) => {
+                                    pool = pool.apply(&update).expect("a fresh prune holds")
+                                }
+                                BorrowPlan::Wait { .. } => break None,
+                                BorrowPlan::Held(_) => prop_assert!(false, "a new digest is held"),
+                            }
+                        };
+                        prop_assert_eq!(got, expected);
+                    }
+                    model::Op::Return { which } => {
+                        let d = digest(which % issued.max(1));
+                        let returned = match pool.plan_return(d, now) {
+                            Some((_, update)) => {
+                                pool = pool.apply(&update).expect("a fresh return holds");
+                                true
+                            }
+                            None => false,
+                        };
+                        prop_assert_eq!(returned, model.return_lease(d, now));
+                    }
+                    model::Op::Resize { count } => {
+                        if let Some(update) = pool.plan_resize(count) {
+                            pool = pool.apply(&update).unwrap();
+                        }
+                        model.count = count;
+                    }
+                    model::Op::Advance { ms } => now += ms,
+                    model::Op::Reload { shuffle } => {
+                        let reloaded = Pool::from_parts(
+                            pool.count,
+                            pool.fence,
+                            model::shuffled(pool.leases.clone(), shuffle | 1),
+                            pool.queue.clone(),
+                        );
+                        prop_assert_eq!(reloaded.as_ref(), Ok(&pool), "stored order matters");
+                    }
+                }
+                prop_assert_eq!(model::live(&pool.leases, now), model.live(now));
+                prop_assert_eq!(pool.in_use(now) as usize, model.live(now).len());
+            }
+        }
+
+        /// From any state, borrows at one instant succeed exactly
+        /// max(0, count − in_use) times, on the free positions in ascending
+        /// order, and a waiter sleeping to `nth_expiry(1)` finds a lease ended.
+        #[test]
+        fn a_pool_grants_exactly_its_free_capacity(
+            count in 1u16..8,
+            ttls in proptest::collection::vec(1u64..100, 0..10),
+            shrink_to in 0u16..8,
+            grow in 0u16..4,
+            now in 0u64..120,
+        ) {
+            let mut pool = Pool::new(count, 0);
+            for (i, ttl) in ttls.into_iter().enumerate() {
+                if let BorrowPlan::Take { update, .. } = pool.plan_borrow(digest(i as u8), ttl, 0, None) {
+                    pool = pool.apply(&update).unwrap();
+                }
+            }
+            for resize in [shrink_to, shrink_to + grow] {
+                if let Some(update) = pool.plan_resize(resize) {
+                    pool = pool.apply(&update).unwrap();
+                }
+            }
+            if let Some(at) = pool.nth_expiry(1, now) {
+                prop_assert!(at > now && pool.in_use(at) < pool.in_use(now));
+                prop_assert_eq!(pool.in_use(at - 1), pool.in_use(now));
+            }
+            let count = pool.count;
+            let held: Vec<u16> = model::live(&pool.leases, now).iter().map(|l| l.1).collect();
+            let mut free: Vec<u16> = (0..count).filter(|p| !held.contains(p)).collect();
+            free.truncate(usize::from(count).saturating_sub(held.len()));
+            let mut granted = Vec::new();
+            for i in 0..usize::from(count) + 2 {
+                match pool.plan_borrow(digest(100 + i as u8), now + 10, now, None) {
+                    BorrowPlan::Take { update, position } => {
+                        pool = pool.apply(&update).unwrap();
+                        granted.push(position);
+                    }
+                    BorrowPlan::Wait { .. } => break,
+                    other => prop_assert!(false, "{:?}", other),
+                }
+            }
+            prop_assert_eq!(&granted, &free);
+            prop_assert_eq!(pool.state(now).available, 0);
         }
 
         /// A return that lands frees exactly its lease, whatever landed

@@ -359,6 +359,16 @@ impl Borrower {
                 return Err(Error::PoolNotFound);
             }
             let now = now_ms();
+            // A grant we wrote is ours to answer, even if the write took so
+            // long that the lease has expired since: it was granted.
+            if let Some(ours) = record
+                .pool
+                .leases()
+                .iter()
+                .find(|l| l.digest == digest && tried.contains(&l.expires_at_ms))
+            {
+                return Ok(self.grant(ours, now, &tried));
+            }
             let plan = record
                 .pool
                 .plan_borrow(digest, now + self.ttl_ms, now, ticket.as_ref());

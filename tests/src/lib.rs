@@ -7,4 +7,5 @@ pub mod faults;
 pub mod harness;
 pub mod history;
 pub mod rng;
+pub mod truth;
 pub mod workload;

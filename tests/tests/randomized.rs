@@ -16,6 +16,7 @@ use semaphore::Limits;
 use semaphore_tests::faults::{FaultCounts, FaultPlan, FaultyStore};
 use semaphore_tests::harness::{dynamodb_client, dynamodb_store, memory_store, ApiClient, TABLE};
 use semaphore_tests::history::{self, check, Call, CheckConfig, History, Op, Rule};
+use semaphore_tests::truth::{self, Recorder};
 use semaphore_tests::workload::{self, Workload};
 
 /// Service instances ("Lambda containers").
@@ -50,6 +51,12 @@ fn operations(ci: usize) -> usize {
     }
 }
 
+/// Wraps a store in a ground-truth recorder.
+fn recorded(store: Arc<dyn PoolStore>) -> (Arc<dyn PoolStore>, Arc<Recorder>) {
+    let recorder = Arc::new(Recorder::new(store));
+    (recorder.clone(), recorder)
+}
+
 fn instances(stores: Vec<Arc<dyn PoolStore>>) -> Vec<Arc<ApiClient>> {
     stores
         .into_iter()
@@ -71,6 +78,7 @@ async fn run_and_check(
     name: &str,
     workload: Workload,
     instances: &[Arc<ApiClient>],
+    recorders: &[Arc<Recorder>],
     clean: &ApiClient,
     faults: bool,
 ) -> Vec<Op> {
@@ -93,6 +101,25 @@ async fn run_and_check(
         latencies[latencies.len() / 2],
         latencies[latencies.len() * 99 / 100],
         latencies[latencies.len() - 1],
+    );
+    let stored: Vec<_> = recorders.iter().flat_map(|r| r.leases()).collect();
+    let orphans = truth::orphans(&stored, &ops);
+    eprintln!(
+        "{name}: {} leases stored, {} orphaned, {:.3} orphaned slot-seconds",
+        stored.len(),
+        orphans.leases.len(),
+        orphans.slot_seconds()
+    );
+    let described: Vec<String> = orphans
+        .leases
+        .iter()
+        .map(|l| format!("{l:?}\n  suspects: {:#?}", truth::suspects(l, &ops)))
+        .collect();
+    assert!(
+        orphans.leases.is_empty(),
+        "{name}: leases no client was told about (SEMAPHORE_SEED={}):\n{}",
+        workload.seed,
+        described.join("\n")
     );
     let shown: Vec<String> = violations.iter().take(20).map(|v| v.to_string()).collect();
     assert!(
@@ -172,37 +199,44 @@ async fn settle_and_verify(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_store_random_history_is_correct() {
-    let store = memory_store();
+    let (store, recorder) = recorded(memory_store());
     // One database, several service instances over it.
     let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
     let clean = ApiClient::new(store, LIMITS);
     let workload = Workload::new(seed(), operations(3000));
-    run_and_check("memory", workload, &apis, &clean, false).await;
+    run_and_check("memory", workload, &apis, &[recorder], &clean, false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_random_history_is_correct() {
     let mut stores = Vec::new();
+    let mut recorders = Vec::new();
     for _ in 0..INSTANCES {
-        stores.push(dynamodb_store().await);
+        let (store, recorder) = recorded(dynamodb_store().await);
+        stores.push(store);
+        recorders.push(recorder);
     }
     let apis = instances(stores);
     let clean = ApiClient::new(dynamodb_store().await, LIMITS);
     let workload = Workload::new(seed(), operations(3000));
-    run_and_check("dynamodb", workload, &apis, &clean, false).await;
+    run_and_check("dynamodb", workload, &apis, &recorders, &clean, false).await;
 }
 
-/// Store calls fail before or after landing, are throttled or delayed. The
-/// API must still never over-issue, never answer 200 for a lease it did not
-/// store, answer failures as 502 `{"error": …}`, and leave every pool whole:
-/// readable, decodable, and fully available once the ttls have run out.
+/// Store calls fail before or after landing, land and are then reported lost
+/// (an SDK retry of a landed write), are throttled or delayed. The API must
+/// still never over-issue, never answer 200 for a lease it did not store,
+/// never leave a lease stored that no client was told about, answer failures
+/// as 502 `{"error": …}`, and leave every pool whole: readable, decodable,
+/// and fully available once the ttls have run out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_with_store_faults_random_history_is_correct() {
     let seed = seed();
     let counts = Arc::new(FaultCounts::default());
     let mut stores: Vec<Arc<dyn PoolStore>> = Vec::new();
+    let mut recorders = Vec::new();
     for i in 0..INSTANCES {
-        let inner = dynamodb_store().await;
+        let (inner, recorder) = recorded(dynamodb_store().await);
+        recorders.push(recorder);
         let faulty = FaultyStore::new(
             inner,
             FaultPlan::default(),
@@ -216,10 +250,19 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
     let mut workload = Workload::new(seed, operations(2000));
     // Own leases returned more often: every 200 must name a stored lease.
     workload.weights[2] = 30;
-    let ops = run_and_check("dynamodb+faults", workload, &apis, &clean, true).await;
+    let ops = run_and_check(
+        "dynamodb+faults",
+        workload,
+        &apis,
+        &recorders,
+        &clean,
+        true,
+    )
+    .await;
     eprintln!("dynamodb+faults: {counts}");
 
     assert!(counts.failed_after.load(Ordering::Relaxed) > 0, "{counts}");
+    assert!(counts.retries_lost.load(Ordering::Relaxed) > 0, "{counts}");
     assert!(counts.throttled.load(Ordering::Relaxed) > 0, "{counts}");
     let failed = ops.iter().filter(|o| o.status == 502).count();
     assert!(failed > 0, "no call failed: faults were not exercised");
@@ -280,6 +323,29 @@ async fn checker_catches_a_store_with_stale_reads() {
     );
 }
 
+/// …and the orphan measure is not vacuous: when a landed write's answer is
+/// lost and the service cannot see it landed (as before it read again after
+/// an unknown outcome), leases nobody was told about hold slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn orphans_are_found_when_landed_writes_go_unseen() {
+    let (store, recorder) = recorded(memory_store());
+    let store: Arc<dyn PoolStore> = Arc::new(broken::HidesLandedGrants::new(store));
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let workload = Workload::new(seed(), 1500);
+    let run = workload::run(&workload, &apis).await;
+    let orphans = truth::orphans(&recorder.leases(), &run.ops);
+    eprintln!(
+        "hides landed grants: {} orphaned leases, {:.3} orphaned slot-seconds",
+        orphans.leases.len(),
+        orphans.slot_seconds()
+    );
+    assert!(
+        orphans.slot_ms > 0,
+        "unseen landed grants went unnoticed (SEMAPHORE_SEED={})",
+        workload.seed
+    );
+}
+
 /// Deliberately wrong stores.
 mod broken {
     use std::collections::HashMap;
@@ -320,6 +386,68 @@ mod broken {
         }
         async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
             self.0.delete(key).await
+        }
+    }
+
+    /// One grant in ten lands, then fails, and the next read of that pool
+    /// still shows the pool as before: the service cannot recognise its write.
+    pub struct HidesLandedGrants {
+        inner: Arc<dyn PoolStore>,
+        calls: std::sync::atomic::AtomicU64,
+        before: Mutex<HashMap<PoolKey, Option<Record>>>,
+    }
+
+    impl HidesLandedGrants {
+        pub fn new(inner: Arc<dyn PoolStore>) -> Self {
+            HidesLandedGrants {
+                inner,
+                calls: Default::default(),
+                before: Mutex::new(HashMap::new()),
+            }
+        }
+    }
+
+    #[async_trait]
+    impl PoolStore for HidesLandedGrants {
+        async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+            if let Some(stale) = self.before.lock().unwrap().remove(key) {
+                return Ok(stale);
+            }
+            self.inner.load(key).await
+        }
+        async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+            self.inner.create(key, record).await
+        }
+        async fn update(
+            &self,
+            key: &PoolKey,
+            incarnation: u64,
+            update: &Update,
+        ) -> Result<Updated, StoreError> {
+            let grants = update
+                .changes
+                .iter()
+                .any(|c| matches!(c, semaphore::domain::Change::Grant { .. }));
+            let n = self
+                .calls
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if !grants || n % 10 != 0 {
+                return self.inner.update(key, incarnation, update).await;
+            }
+            let before = self.inner.load(key).await?;
+            match self.inner.update(key, incarnation, update).await? {
+                Updated::Written(_) => {
+                    self.before.lock().unwrap().insert(*key, before);
+                    Err(StoreError::new(
+                        semaphore::store::StoreErrorKind::Unavailable,
+                        "answer lost after the write landed",
+                    ))
+                }
+                other => Ok(other),
+            }
+        }
+        async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+            self.inner.delete(key).await
         }
     }
 
