@@ -89,194 +89,34 @@ impl PoolModel {
         pool: String,
         calls: Vec<usize>,
     ) -> (Self, Vec<(usize, String)>) {
-        let members = &calls[..];
-        let mut bad_grants = Vec::new();
-        let window = |i: usize| (ops[i].invoke_ms, ops[i].response_ms);
-
-        // Counts in force: a register or delete is possibly in force from its
-        // invoke until a later call that surely took effect has answered.
-        let mut definite: Vec<(u64, u64)> = members
-            .iter()
-            .filter(|&&i| {
-                matches!(
-                    (&ops[i].call, &outcomes[i]),
-                    (Call::Register { .. }, Outcome::State { .. })
-                        | (Call::Delete, Outcome::Deleted(_))
-                )
-            })
-            .map(|&i| window(i))
-            .collect();
-        definite.sort_unstable();
-        let mut earliest_answer_from = vec![u64::MAX; definite.len() + 1];
-        for k in (0..definite.len()).rev() {
-            earliest_answer_from[k] = earliest_answer_from[k + 1].min(definite[k].1);
-        }
-        let superseded_at = |after: u64| {
-            let k = definite.partition_point(|(inv, _)| *inv <= after);
-            earliest_answer_from[k].saturating_add(1)
+        let history = PoolCalls {
+            ops,
+            outcomes,
+            calls: &calls,
         };
-        // Before its first register, no pool.
-        let mut regimes = vec![Regime {
-            op: None,
-            count: None,
-        }];
-        let mut regime_spans = vec![Span {
-            start: 0,
-            end: superseded_at(0),
-            id: 0,
-        }];
-        for &i in members {
-            let count = match (&ops[i].call, &outcomes[i]) {
-                (Call::Register { count }, Outcome::State { .. } | Outcome::Unknown) => {
-                    Some(u64::from(*count))
-                }
-                (Call::Delete, Outcome::Deleted(_) | Outcome::Unknown) => None,
-                _ => continue,
-            };
-            regime_spans.push(Span {
-                start: ops[i].invoke_ms,
-                end: superseded_at(ops[i].response_ms),
-                id: regimes.len(),
-            });
-            regimes.push(Regime { op: Some(i), count });
-        }
-
-        let deletes: Vec<usize> = members
-            .iter()
-            .copied()
-            .filter(|&i| ops[i].call == Call::Delete)
-            .collect();
-        // The first answer of a delete that surely took effect after `after`.
-        let surely_deleted_by = |after: u64| {
-            deletes
-                .iter()
-                .filter(|&&d| {
-                    matches!(outcomes[d], Outcome::Deleted(_)) && ops[d].invoke_ms > after
-                })
-                .map(|&d| ops[d].response_ms + 1)
-                .min()
-        };
-
-        let mut returns_of: HashMap<String, Vec<usize>> = HashMap::new();
-        for &i in members {
-            if let Call::Return { lease } = &ops[i].call {
-                returns_of.entry(lease.to_lowercase()).or_default().push(i);
-            }
-        }
-
-        let mut leases = Vec::new();
-        let mut unknown = Vec::new();
-        for &i in members {
-            let Call::Borrow {
-                ttl_ms: asked_ttl_ms,
-                ..
-            } = ops[i].call
-            else {
-                continue;
-            };
-            let (invoke, response) = window(i);
-            match &outcomes[i] {
-                Outcome::Granted {
-                    lease,
-                    position,
-                    expires_at_unix,
-                    ttl_ms,
-                } => {
-                    let second = expires_at_unix.saturating_mul(1000);
-                    let expiry_lo = (invoke + ttl_ms).max(second);
-                    let expiry_hi = (response + ttl_ms).min(second + 999);
-                    if expiry_lo > expiry_hi {
-                        bad_grants.push((
-                            i,
-                            format!("expires_at_unix {expires_at_unix} with ttl {ttl_ms} ms is outside the call's window"),
-                        ));
-                        continue;
-                    }
-                    let mut record = Lease {
-                        op: i,
-                        id: lease.clone(),
-                        position: *position,
-                        grant_lo: expiry_lo - ttl_ms,
-                        grant_hi: expiry_hi - ttl_ms,
-                        response,
-                        expiry_lo,
-                        expiry_hi,
-                        enders: Vec::new(),
-                    };
-                    for &r in returns_of.get(lease).map(Vec::as_slice).unwrap_or_default() {
-                        // A return sent after the grant was answered, and answered
-                        // 200, surely ran after the lease was stored.
-                        let after = ops[r].invoke_ms >= response;
-                        let answered = matches!(outcomes[r], Outcome::Returned(_));
-                        record.enders.push(Ender {
-                            op: r,
-                            from: ops[r].invoke_ms,
-                            by: (after && answered).then_some(ops[r].response_ms + 1),
-                        });
-                    }
-                    for &d in &deletes {
-                        if ops[d].response_ms >= record.grant_lo {
-                            let answered = matches!(outcomes[d], Outcome::Deleted(_));
-                            record.enders.push(Ender {
-                                op: d,
-                                from: ops[d].invoke_ms,
-                                by: (answered && ops[d].invoke_ms > response)
-                                    .then_some(ops[d].response_ms + 1),
-                            });
-                        }
-                    }
-                    leases.push(record);
-                }
-                Outcome::Unknown => {
-                    let ttl = asked_ttl_ms.clamp(1, max_ttl_ms);
-                    let end = surely_deleted_by(response)
-                        .map_or(response + ttl, |d| d.min(response + ttl));
-                    unknown.push((invoke, end));
-                }
-                _ => {}
-            }
-        }
-
-        let sure = leases
-            .iter()
-            .enumerate()
-            .map(|(id, l)| Span {
-                start: l.sure_start(),
-                end: l.sure_end(None),
-                id,
-            })
-            .collect();
-        let n = leases.len();
-        let unknown_spans: Vec<Span> = unknown
+        let (regimes, regime_spans) = history.regimes();
+        let found = history.leases(max_ttl_ms);
+        let unknown: Vec<Span> = found
+            .unknown
             .iter()
             .enumerate()
             .map(|(k, &(start, end))| Span {
                 start,
                 end,
-                id: n + k,
+                id: found.known.len() + k,
             })
-            .collect();
-        let maybe = leases
-            .iter()
-            .enumerate()
-            .map(|(id, l)| Span {
-                start: l.grant_lo,
-                end: l.maybe_end(None),
-                id,
-            })
-            .chain(unknown_spans.iter().copied())
             .collect();
         let model = PoolModel {
             pool,
             calls,
-            leases,
-            sure: Spans::new(sure),
-            maybe: Spans::new(maybe),
-            unknown: Spans::new(unknown_spans),
+            sure: Spans::new(surely_live(&found.known)),
+            maybe: Spans::new(possibly_live(&found.known, &unknown)),
+            unknown: Spans::new(unknown),
+            leases: found.known,
             regimes,
-            regime_spans: Spans::new(regime_spans),
+            regime_spans,
         };
-        (model, bad_grants)
+        (model, found.bad_grants)
     }
 
     /// Counts (no pool = 0) possibly in force at some instant of ms `t`.
@@ -302,4 +142,270 @@ impl PoolModel {
             .map(|s| &self.regimes[s.id])
             .any(|r| r.op != Some(except) && r.count.is_some() == present)
     }
+}
+
+/// One pool's calls and their answers: what [`PoolModel::build`] reads.
+struct PoolCalls<'a> {
+    ops: &'a [Op],
+    outcomes: &'a [Outcome],
+    calls: &'a [usize],
+}
+
+/// The leases one pool's borrows may have stored.
+struct FoundLeases {
+    known: Vec<Lease>,
+    /// `[start, end)` of each lease a borrow answered 5xx may have stored.
+    unknown: Vec<(u64, u64)>,
+    /// Grants whose expiry contradicts their window: (op index, why).
+    bad_grants: Vec<(usize, String)>,
+}
+
+impl PoolCalls<'_> {
+    fn window(&self, i: usize) -> (u64, u64) {
+        (self.ops[i].invoke_ms, self.ops[i].response_ms)
+    }
+
+    /// Every `count` (or absence) set and when it is possibly in force: from
+    /// the invoke of the register or delete that set it until a later one
+    /// that surely took effect has answered. Regime 0 is the absence before
+    /// the first register.
+    fn regimes(&self) -> (Vec<Regime>, Spans) {
+        let superseded = Superseded::new(self.definite_changes());
+        let mut regimes = vec![Regime {
+            op: None,
+            count: None,
+        }];
+        let mut spans = vec![Span {
+            start: 0,
+            end: superseded.at(0),
+            id: 0,
+        }];
+        for &i in self.calls {
+            let count = match (&self.ops[i].call, &self.outcomes[i]) {
+                (Call::Register { count }, Outcome::State { .. } | Outcome::Unknown) => {
+                    Some(u64::from(*count))
+                }
+                (Call::Delete, Outcome::Deleted(_) | Outcome::Unknown) => None,
+                _ => continue,
+            };
+            let (invoke, response) = self.window(i);
+            spans.push(Span {
+                start: invoke,
+                end: superseded.at(response),
+                id: regimes.len(),
+            });
+            regimes.push(Regime { op: Some(i), count });
+        }
+        (regimes, Spans::new(spans))
+    }
+
+    /// The windows of the registers and deletes that surely took effect.
+    fn definite_changes(&self) -> Vec<(u64, u64)> {
+        self.calls
+            .iter()
+            .filter(|&&i| {
+                matches!(
+                    (&self.ops[i].call, &self.outcomes[i]),
+                    (Call::Register { .. }, Outcome::State { .. })
+                        | (Call::Delete, Outcome::Deleted(_))
+                )
+            })
+            .map(|&i| self.window(i))
+            .collect()
+    }
+
+    fn deletes(&self) -> Vec<usize> {
+        self.calls
+            .iter()
+            .copied()
+            .filter(|&i| self.ops[i].call == Call::Delete)
+            .collect()
+    }
+
+    /// The returns sent to this pool, by lowercase lease UUID.
+    fn returns_by_lease(&self) -> HashMap<String, Vec<usize>> {
+        let mut returns: HashMap<String, Vec<usize>> = HashMap::new();
+        for &i in self.calls {
+            if let Call::Return { lease } = &self.ops[i].call {
+                returns.entry(lease.to_lowercase()).or_default().push(i);
+            }
+        }
+        returns
+    }
+
+    /// The leases granted (with what may have ended them) and the unknown
+    /// ones: a borrow answered 5xx may have stored one.
+    fn leases(&self, max_ttl_ms: u64) -> FoundLeases {
+        let deletes = self.deletes();
+        let returns = self.returns_by_lease();
+        let mut found = FoundLeases {
+            known: Vec::new(),
+            unknown: Vec::new(),
+            bad_grants: Vec::new(),
+        };
+        for &i in self.calls {
+            let Call::Borrow { ttl_ms: asked, .. } = self.ops[i].call else {
+                continue;
+            };
+            match &self.outcomes[i] {
+                Outcome::Granted {
+                    lease,
+                    position,
+                    expires_at_unix,
+                    ttl_ms,
+                } => match self.granted(i, lease, *position, *expires_at_unix, *ttl_ms) {
+                    Ok(mut granted) => {
+                        let returns = returns.get(lease).map(Vec::as_slice).unwrap_or_default();
+                        granted.enders = self.enders(&granted, returns, &deletes);
+                        found.known.push(granted);
+                    }
+                    Err(why) => found.bad_grants.push((i, why)),
+                },
+                Outcome::Unknown => {
+                    let ttl = asked.clamp(1, max_ttl_ms);
+                    found.unknown.push(self.unknown_lease(i, ttl, &deletes));
+                }
+                _ => {}
+            }
+        }
+        found
+    }
+
+    /// A granted lease's grant and expiry bounds, from its call's window and
+    /// the answer (`expires_at_unix` is whole seconds, so it bounds the
+    /// expiry to a second); `Err` if they contradict each other.
+    fn granted(
+        &self,
+        i: usize,
+        lease: &str,
+        position: u64,
+        expires_at_unix: u64,
+        ttl_ms: u64,
+    ) -> Result<Lease, String> {
+        let (invoke, response) = self.window(i);
+        let second = expires_at_unix.saturating_mul(1000);
+        let expiry_lo = (invoke + ttl_ms).max(second);
+        let expiry_hi = (response + ttl_ms).min(second + 999);
+        if expiry_lo > expiry_hi {
+            return Err(format!(
+                "expires_at_unix {expires_at_unix} with ttl {ttl_ms} ms is outside the call's window"
+            ));
+        }
+        Ok(Lease {
+            op: i,
+            id: lease.to_string(),
+            position,
+            grant_lo: expiry_lo - ttl_ms,
+            grant_hi: expiry_hi - ttl_ms,
+            response,
+            expiry_lo,
+            expiry_hi,
+            enders: Vec::new(),
+        })
+    }
+
+    /// The returns of `lease` and the deletes of its pool that may have ended it.
+    fn enders(&self, lease: &Lease, returns: &[usize], deletes: &[usize]) -> Vec<Ender> {
+        let ops = self.ops;
+        let mut enders = Vec::new();
+        for &r in returns {
+            // A return sent after the grant was answered, and answered
+            // 200, surely ran after the lease was stored.
+            let after = ops[r].invoke_ms >= lease.response;
+            let answered = matches!(self.outcomes[r], Outcome::Returned(_));
+            enders.push(Ender {
+                op: r,
+                from: ops[r].invoke_ms,
+                by: (after && answered).then_some(ops[r].response_ms + 1),
+            });
+        }
+        for &d in deletes {
+            if ops[d].response_ms >= lease.grant_lo {
+                let answered = matches!(self.outcomes[d], Outcome::Deleted(_));
+                enders.push(Ender {
+                    op: d,
+                    from: ops[d].invoke_ms,
+                    by: (answered && ops[d].invoke_ms > lease.response)
+                        .then_some(ops[d].response_ms + 1),
+                });
+            }
+        }
+        enders
+    }
+
+    /// `[start, end)` of the lease borrow `i` (answered 5xx) may have stored:
+    /// from its invoke until its ttl after the answer, or until a delete that
+    /// surely took effect after it has answered.
+    fn unknown_lease(&self, i: usize, ttl_ms: u64, deletes: &[usize]) -> (u64, u64) {
+        let (invoke, response) = self.window(i);
+        let deleted = deletes
+            .iter()
+            .filter(|&&d| {
+                matches!(self.outcomes[d], Outcome::Deleted(_)) && self.ops[d].invoke_ms > response
+            })
+            .map(|&d| self.ops[d].response_ms + 1)
+            .min();
+        let end = deleted.map_or(response + ttl_ms, |d| d.min(response + ttl_ms));
+        (invoke, end)
+    }
+}
+
+/// When a register or delete stops being possibly in force: once a later one
+/// that surely took effect has answered.
+struct Superseded {
+    /// Windows of the changes that surely took effect, by invoke.
+    definite: Vec<(u64, u64)>,
+    /// `earliest_answer_from[k]`: the earliest answer among `definite[k..]`.
+    earliest_answer_from: Vec<u64>,
+}
+
+impl Superseded {
+    fn new(mut definite: Vec<(u64, u64)>) -> Self {
+        definite.sort_unstable();
+        let mut earliest_answer_from = vec![u64::MAX; definite.len() + 1];
+        for k in (0..definite.len()).rev() {
+            earliest_answer_from[k] = earliest_answer_from[k + 1].min(definite[k].1);
+        }
+        Superseded {
+            definite,
+            earliest_answer_from,
+        }
+    }
+
+    /// The first ms by which a change invoked after ms `after` has surely
+    /// landed (`u64::MAX`: none is known to).
+    fn at(&self, after: u64) -> u64 {
+        let k = self
+            .definite
+            .partition_point(|(invoke, _)| *invoke <= after);
+        self.earliest_answer_from[k].saturating_add(1)
+    }
+}
+
+/// Surely-live spans of the leases (id = lease index).
+fn surely_live(leases: &[Lease]) -> Vec<Span> {
+    leases
+        .iter()
+        .enumerate()
+        .map(|(id, l)| Span {
+            start: l.sure_start(),
+            end: l.sure_end(None),
+            id,
+        })
+        .collect()
+}
+
+/// Possibly-live spans of the known leases (id = lease index), then the
+/// unknown ones.
+fn possibly_live(leases: &[Lease], unknown: &[Span]) -> Vec<Span> {
+    leases
+        .iter()
+        .enumerate()
+        .map(|(id, l)| Span {
+            start: l.grant_lo,
+            end: l.maybe_end(None),
+            id,
+        })
+        .chain(unknown.iter().copied())
+        .collect()
 }

@@ -152,7 +152,8 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// (a) No two leases surely live at once share a position.
+    /// [`Rule::SharedPosition`]: no two leases surely live at once share a
+    /// position.
     fn shared_positions(&mut self, model: &PoolModel) {
         let mut order: Vec<usize> = (0..model.leases.len()).collect();
         order.sort_by_key(|&l| (model.leases[l].position, model.leases[l].sure_start()));
@@ -183,10 +184,16 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// (b) No over-issue and no position out of range; (e) lowest free position.
+    /// The rules about one grant, in this order.
     fn grant(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
-        // Over-issue: at the write, the surely-live others plus this one fit
-        // `count` for at least one placement of the write in its window.
+        self.over_issue(model, l, lease);
+        self.position_out_of_range(model, lease);
+        self.not_lowest_position(model, l, lease);
+    }
+
+    /// [`Rule::OverIssue`]: at the write, the surely-live others plus this one
+    /// fit `count`, for at least one placement of the write in its window.
+    fn over_issue(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
         let (a, b) = (lease.grant_lo, lease.response);
         let points = breakpoints(
             a,
@@ -209,8 +216,12 @@ impl<'h> Checker<'h> {
             );
             self.flag(Rule::OverIssue, message);
         }
+    }
 
-        // The clock reading of the grant is in [grant_lo, grant_hi].
+    /// [`Rule::PositionOutOfRange`]: the position is below some `count` in
+    /// force while the server read its clock for the grant, in
+    /// `[grant_lo, grant_hi]`.
+    fn position_out_of_range(&mut self, model: &PoolModel, lease: &Lease) {
         let (a, b) = (lease.grant_lo, lease.grant_hi);
         let points = breakpoints(a, b, model.regime_spans.touching(a, b));
         if points.iter().all(|&t| lease.position >= model.max_count(t)) {
@@ -220,6 +231,12 @@ impl<'h> Checker<'h> {
             );
             self.flag(Rule::PositionOutOfRange, message);
         }
+    }
+
+    /// [`Rule::NotLowestPosition`]: no lower position was free throughout the
+    /// grant, counting every lease possibly live then as holding its own.
+    fn not_lowest_position(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
+        let (a, b) = (lease.grant_lo, lease.grant_hi);
         if model.unknown.touching(a, b).next().is_some() {
             // A lease nobody knows may hold any position.
             return;
@@ -247,8 +264,8 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// (c) `returned: true` only for a live lease of this pool; `false` never
-    /// for one surely live.
+    /// [`Rule::ReturnedDeadLease`]: `returned: true` only for a live lease of
+    /// this pool; [`Rule::LostLease`]: `false` never for one surely live.
     fn returned(
         &mut self,
         model: &PoolModel,
@@ -295,7 +312,7 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// (d) A 409 only when the pool was full: never definitely free all
+    /// [`Rule::LostWakeup`]: a 409 only when the pool was full: never definitely free all
     /// through the call (every read saw a free slot), nor for
     /// `wakeup_tolerance_ms` on end while it was waiting (a poller reads far
     /// more often than that).
@@ -341,7 +358,8 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// A reported state must have held at some instant of the call.
+    /// [`Rule::ImpossibleState`]: a reported state must have held at some
+    /// instant of the call.
     fn state(&mut self, model: &PoolModel, i: usize, count: u64, in_use: u64) {
         let (a, b) = (self.ops[i].invoke_ms, self.ops[i].response_ms);
         let at_least = model
@@ -364,8 +382,8 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// "No pool" only when it may have been absent; a pool's answer only when
-    /// it may have existed.
+    /// [`Rule::WrongExistence`]: "no pool" only when it may have been absent;
+    /// a pool's answer only when it may have existed.
     fn existence(&mut self, model: &PoolModel, i: usize, outcome: &Outcome) {
         let (a, b) = (self.ops[i].invoke_ms, self.ops[i].response_ms);
         let needs_pool = match (&self.ops[i].call, outcome) {
