@@ -1,0 +1,411 @@
+//! The rules: each promise of API.md checked against a pool's model.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use super::decode::Outcome;
+use super::model::{Lease, PoolModel};
+use super::record::{Call, Op};
+use super::spans::breakpoints;
+use super::CheckConfig;
+
+/// Which promise was broken.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Rule {
+    /// A status or body API.md does not allow for this call.
+    BadResponse,
+    /// Two leases surely live at once on one position.
+    SharedPosition,
+    /// A grant while `count` or more other leases were surely live.
+    OverIssue,
+    /// A position ≥ every `count` that can have been in force at the grant.
+    PositionOutOfRange,
+    /// `returned: true` for a lease that cannot have been live then.
+    ReturnedDeadLease,
+    /// `returned: false` for its own pool's lease while it was surely live.
+    LostLease,
+    /// A 409 while a slot was definitely free (all the call, or ≥ tolerance).
+    LostWakeup,
+    /// A grant above a position that was definitely free throughout it.
+    NotLowestPosition,
+    /// "No pool" while one surely existed, or a pool's answer while none did.
+    WrongExistence,
+    /// A state (`count`, `in_use`) that cannot have held during the call.
+    ImpossibleState,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub rule: Rule,
+    pub message: String,
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}: {}", self.rule, self.message)
+    }
+}
+
+/// Collects violations, and describes ops in their messages.
+pub(super) struct Checker<'h> {
+    ops: &'h [Op],
+    config: &'h CheckConfig,
+    /// The first invoke: messages give times relative to it.
+    t0: u64,
+    out: Vec<Violation>,
+}
+
+impl<'h> Checker<'h> {
+    pub(super) fn new(ops: &'h [Op], config: &'h CheckConfig) -> Self {
+        Checker {
+            ops,
+            config,
+            t0: ops.iter().map(|o| o.invoke_ms).min().unwrap_or(0),
+            out: Vec::new(),
+        }
+    }
+
+    pub(super) fn violations(self) -> Vec<Violation> {
+        self.out
+    }
+
+    fn flag(&mut self, rule: Rule, message: String) {
+        self.out.push(Violation { rule, message });
+    }
+
+    /// [`Rule::BadResponse`] for op `i`, `why` saying how it breaks API.md.
+    pub(super) fn bad_response(&mut self, i: usize, why: &str) {
+        let message = format!("{}: {why}", self.describe(i));
+        self.flag(Rule::BadResponse, message);
+    }
+    /// `#12 client 3 borrow 9f1c2e7a… [+1200, +1234] ms → 200 {...}`
+    fn describe(&self, i: usize) -> String {
+        let op = &self.ops[i];
+        let call = match &op.call {
+            Call::Register { count } => format!("PUT count {count}"),
+            Call::Borrow { ttl_ms, wait_ms } => format!("borrow ttl {ttl_ms} ms wait {wait_ms} ms"),
+            Call::Return { lease } => format!("return {}", short(lease)),
+            other => other.name().to_string(),
+        };
+        format!(
+            "#{i} client {} {call} on {} [+{}, +{}] ms → {} {}",
+            op.client,
+            short(&op.pool),
+            self.rel(op.invoke_ms),
+            self.rel(op.response_ms),
+            op.status,
+            op.body
+        )
+    }
+
+    fn rel(&self, t: u64) -> i64 {
+        t as i64 - self.t0 as i64
+    }
+
+    /// Every granted lease by UUID (model index, lease index), to judge
+    /// returns sent to any pool. [`Rule::BadResponse`]: a UUID granted twice.
+    pub(super) fn lease_owners<'m>(
+        &mut self,
+        models: &'m [PoolModel],
+    ) -> HashMap<&'m str, (usize, usize)> {
+        let mut owners = HashMap::new();
+        for (m, model) in models.iter().enumerate() {
+            for (l, lease) in model.leases.iter().enumerate() {
+                if owners.insert(lease.id.as_str(), (m, l)).is_some() {
+                    let message = format!(
+                        "{} handed out a lease UUID already granted",
+                        self.describe(lease.op)
+                    );
+                    self.flag(Rule::BadResponse, message);
+                }
+            }
+        }
+        owners
+    }
+
+    pub(super) fn check_pool(
+        &mut self,
+        model: &PoolModel,
+        outcomes: &[Outcome],
+        models: &[PoolModel],
+        owners: &HashMap<&str, (usize, usize)>,
+    ) {
+        self.shared_positions(model);
+        for (l, lease) in model.leases.iter().enumerate() {
+            self.grant(model, l, lease);
+        }
+        let ops = self.ops;
+        for &i in &model.calls {
+            let op = &ops[i];
+            self.existence(model, i, &outcomes[i]);
+            match (&op.call, &outcomes[i]) {
+                (Call::Return { lease }, Outcome::Returned(returned)) => {
+                    let owner = owners
+                        .get(lease.to_lowercase().as_str())
+                        .map(|&(m, l)| (&models[m], l));
+                    self.returned(model, i, *returned, owner);
+                }
+                (Call::Borrow { .. }, Outcome::Exhausted) => self.refused(model, i),
+                (_, Outcome::State { count, in_use, .. }) => self.state(model, i, *count, *in_use),
+                _ => {}
+            }
+        }
+    }
+
+    /// [`Rule::SharedPosition`]: no two leases surely live at once share a
+    /// position.
+    fn shared_positions(&mut self, model: &PoolModel) {
+        let mut order: Vec<usize> = (0..model.leases.len()).collect();
+        order.sort_by_key(|&l| (model.leases[l].position, model.leases[l].sure_start()));
+        let mut previous: Option<usize> = None;
+        for l in order {
+            let lease = &model.leases[l];
+            if let Some(p) = previous.filter(|&p| model.leases[p].position == lease.position) {
+                let before = &model.leases[p];
+                if lease.sure_start() < before.sure_end(None)
+                    && lease.sure_start() < lease.sure_end(None)
+                {
+                    let message = format!(
+                        "position {} held twice: {} was surely live until +{} but {} was surely live from +{}",
+                        lease.position,
+                        self.describe(before.op),
+                        self.rel(before.sure_end(None)),
+                        self.describe(lease.op),
+                        self.rel(lease.sure_start()),
+                    );
+                    self.flag(Rule::SharedPosition, message);
+                }
+                // Keep the lease whose surely-live span reaches further.
+                if before.sure_end(None) >= lease.sure_end(None) {
+                    continue;
+                }
+            }
+            previous = Some(l);
+        }
+    }
+
+    /// The rules about one grant, in this order.
+    fn grant(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
+        self.over_issue(model, l, lease);
+        self.position_out_of_range(model, lease);
+        self.not_lowest_position(model, l, lease);
+    }
+
+    /// [`Rule::OverIssue`]: at the write, the surely-live others plus this one
+    /// fit `count`, for at least one placement of the write in its window.
+    fn over_issue(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
+        let (a, b) = (lease.grant_lo, lease.response);
+        let points = breakpoints(
+            a,
+            b,
+            model
+                .sure
+                .touching(a, b)
+                .chain(model.regime_spans.touching(a, b)),
+        );
+        let fits = points
+            .iter()
+            .any(|&t| (model.sure.at(t, Some(l)).count() as u64) < model.max_count(t));
+        if !fits {
+            let others = model.sure.at(a, Some(l)).count();
+            let message = format!(
+                "{} granted while {others} other leases were surely live and count was at most {} (at +{})",
+                self.describe(lease.op),
+                model.max_count(a),
+                self.rel(a)
+            );
+            self.flag(Rule::OverIssue, message);
+        }
+    }
+
+    /// [`Rule::PositionOutOfRange`]: the position is below some `count` in
+    /// force while the server read its clock for the grant, in
+    /// `[grant_lo, grant_hi]`.
+    fn position_out_of_range(&mut self, model: &PoolModel, lease: &Lease) {
+        let (a, b) = (lease.grant_lo, lease.grant_hi);
+        let points = breakpoints(a, b, model.regime_spans.touching(a, b));
+        if points.iter().all(|&t| lease.position >= model.max_count(t)) {
+            let message = format!(
+                "{}: position ≥ every count then in force",
+                self.describe(lease.op)
+            );
+            self.flag(Rule::PositionOutOfRange, message);
+        }
+    }
+
+    /// [`Rule::NotLowestPosition`]: no lower position was free throughout the
+    /// grant, counting every lease possibly live then as holding its own.
+    fn not_lowest_position(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
+        let (a, b) = (lease.grant_lo, lease.grant_hi);
+        if model.unknown.touching(a, b).next().is_some() {
+            // A lease nobody knows may hold any position.
+            return;
+        }
+        let mut held: Vec<u64> = model
+            .maybe
+            .touching(a, b)
+            .filter(|s| s.id != l)
+            .filter_map(|s| model.leases.get(s.id))
+            .map(|other| other.position)
+            .collect();
+        held.sort_unstable();
+        held.dedup();
+        let lowest_free = held
+            .iter()
+            .enumerate()
+            .find(|(k, p)| *k as u64 != **p)
+            .map_or(held.len() as u64, |(k, _)| k as u64);
+        if lowest_free < lease.position {
+            let message = format!(
+                "{}: position {lowest_free} was free throughout the grant",
+                self.describe(lease.op)
+            );
+            self.flag(Rule::NotLowestPosition, message);
+        }
+    }
+
+    /// [`Rule::ReturnedDeadLease`]: `returned: true` only for a live lease of
+    /// this pool; [`Rule::LostLease`]: `false` never for one surely live.
+    fn returned(
+        &mut self,
+        model: &PoolModel,
+        r: usize,
+        returned: bool,
+        owner: Option<(&PoolModel, usize)>,
+    ) {
+        let op = &self.ops[r];
+        let (invoke, response) = (op.invoke_ms, op.response_ms);
+        let mine = owner
+            .filter(|(m, _)| m.pool == model.pool)
+            .map(|(m, l)| &m.leases[l]);
+        let why = match (returned, owner, mine) {
+            (true, None, _) => Some("no such lease was ever granted".to_string()),
+            (true, Some(_), None) => Some("the lease belongs to another pool".to_string()),
+            (true, _, Some(lease)) => {
+                let end = lease.maybe_end(Some(r));
+                (end <= invoke || lease.grant_lo > response).then(|| {
+                    format!(
+                        "lease of {} was surely dead from +{}",
+                        self.describe(lease.op),
+                        self.rel(end)
+                    )
+                })
+            }
+            (false, _, Some(lease)) => {
+                let end = lease.sure_end(Some(r));
+                if lease.sure_start() <= invoke && response < end {
+                    let message = format!(
+                        "{}: returned false, but the lease of {} was surely live until +{}",
+                        self.describe(r),
+                        self.describe(lease.op),
+                        self.rel(end)
+                    );
+                    self.flag(Rule::LostLease, message);
+                }
+                None
+            }
+            (false, _, None) => None,
+        };
+        if let Some(why) = why {
+            let message = format!("{}: {why}", self.describe(r));
+            self.flag(Rule::ReturnedDeadLease, message);
+        }
+    }
+
+    /// [`Rule::LostWakeup`]: a 409 only when the pool was full: never definitely free all
+    /// through the call (every read saw a free slot), nor for
+    /// `wakeup_tolerance_ms` on end while it was waiting (a poller reads far
+    /// more often than that).
+    fn refused(&mut self, model: &PoolModel, w: usize) {
+        let (a, b) = (self.ops[w].invoke_ms, self.ops[w].response_ms);
+        let Call::Borrow { wait_ms, .. } = self.ops[w].call else {
+            return;
+        };
+        let points = breakpoints(
+            a,
+            b,
+            model
+                .maybe
+                .touching(a, b)
+                .chain(model.regime_spans.touching(a, b)),
+        );
+        let free = |t: u64| (model.maybe.at(t, None).count() as u64) < model.min_count(t);
+        // Maximal runs [start, end) of definitely free ms.
+        let mut runs: Vec<(u64, u64)> = Vec::new();
+        for (k, &t) in points.iter().enumerate() {
+            let next = points.get(k + 1).copied().unwrap_or(b + 1);
+            if !free(t) {
+                continue;
+            }
+            match runs.last_mut() {
+                Some(run) if run.1 == t => run.1 = next,
+                _ => runs.push((t, next)),
+            }
+        }
+        let waited_until = b.min(a.saturating_add(wait_ms)) + 1;
+        let lost = runs.iter().find(|&&(start, end)| {
+            (start == a && end == b + 1)
+                || end.min(waited_until).saturating_sub(start) >= self.config.wakeup_tolerance_ms
+        });
+        if let Some(&(start, end)) = lost {
+            let message = format!(
+                "{}: a slot was definitely free from +{} to +{}",
+                self.describe(w),
+                self.rel(start),
+                self.rel(end)
+            );
+            self.flag(Rule::LostWakeup, message);
+        }
+    }
+
+    /// [`Rule::ImpossibleState`]: a reported state must have held at some
+    /// instant of the call.
+    fn state(&mut self, model: &PoolModel, i: usize, count: u64, in_use: u64) {
+        let (a, b) = (self.ops[i].invoke_ms, self.ops[i].response_ms);
+        let at_least = model
+            .sure
+            .touching(a, b)
+            .filter(|s| s.start <= a && s.end > b)
+            .count() as u64;
+        let at_most = model.maybe.touching(a, b).count() as u64;
+        let count_possible = matches!(self.ops[i].call, Call::Register { .. })
+            || model
+                .regime_spans
+                .touching(a, b)
+                .any(|s| model.regimes[s.id].count == Some(count));
+        if !(at_least..=at_most).contains(&in_use) || !count_possible {
+            let message = format!(
+                "{}: in_use must be in {at_least}..={at_most} and count one then in force",
+                self.describe(i)
+            );
+            self.flag(Rule::ImpossibleState, message);
+        }
+    }
+
+    /// [`Rule::WrongExistence`]: "no pool" only when it may have been absent;
+    /// a pool's answer only when it may have existed.
+    fn existence(&mut self, model: &PoolModel, i: usize, outcome: &Outcome) {
+        let (a, b) = (self.ops[i].invoke_ms, self.ops[i].response_ms);
+        let needs_pool = match (&self.ops[i].call, outcome) {
+            (_, Outcome::NotFound | Outcome::Deleted(false)) => false,
+            (Call::Register { .. }, _) | (_, Outcome::Unknown) => return,
+            _ => true,
+        };
+        if !model.possibly(needs_pool, a, b, i) {
+            let message = format!(
+                "{}: the pool surely {} throughout",
+                self.describe(i),
+                if needs_pool {
+                    "did not exist"
+                } else {
+                    "existed"
+                }
+            );
+            self.flag(Rule::WrongExistence, message);
+        }
+    }
+}
+
+fn short(uuid: &str) -> String {
+    uuid.chars().take(8).collect()
+}
