@@ -216,12 +216,16 @@ impl Service {
             match ctx.write(&key, current.incarnation, &update).await {
                 Ok(Updated::Written(record)) => return Ok(record.pool.state(now_ms())),
                 // Deleted or recreated under us: start over.
-                Ok(Updated::Gone | Updated::Lost(_)) => ctx.lost(&mut lost).await?,
+                Ok(Updated::Gone | Updated::Lost(_)) => {
+                    ctx.lost(&mut lost).await?;
+                }
                 Err(err) => match ctx.reload(&key, err).await? {
                     Some(now) if now.pool.count() == count => {
                         return Ok(now.pool.state(now_ms()));
                     }
-                    _ => ctx.lost(&mut lost).await?,
+                    _ => {
+                        ctx.lost(&mut lost).await?;
+                    }
                 },
             }
             fresh = Record::new(Pool::new(count, now_ms()));
@@ -303,8 +307,11 @@ impl Service {
                     if gone_while_live(&fresh, incarnation, &held) {
                         return Ok(true);
                     }
-                    record = fresh;
-                    ctx.lost(&mut lost).await?;
+                    record = if ctx.lost(&mut lost).await? {
+                        ctx.load_existing(&key).await?
+                    } else {
+                        fresh
+                    };
                 }
                 Err(err) => {
                     let fresh = ctx.reload(&key, err).await?.ok_or(Error::PoolNotFound)?;
@@ -456,7 +463,9 @@ impl Borrower {
                 Ok(record)
             }
             Ok(Updated::Lost(record)) => {
-                ctx.lost(lost).await?;
+                if ctx.lost(lost).await? {
+                    return ctx.load_existing(&self.key).await;
+                }
                 Ok(record)
             }
             Ok(Updated::Gone) => Err(Error::PoolNotFound),
@@ -563,14 +572,7 @@ impl Ctx<'_> {
         if !err.is_transient() {
             return Err(err.into());
         }
-        let mut failures = 1u32;
-        self.nap(
-            &mut failures,
-            self.timing.retry_first,
-            self.timing.retry_cap,
-        )
-        .await
-        .map_err(|()| Error::from(err))?;
+        // At once: the sooner we look, the less can have changed since.
         self.load(key).await
     }
 
@@ -587,19 +589,21 @@ impl Ctx<'_> {
 
     /// After a lost conditional write: retry at once (with the record it
     /// handed back) twice, then nap; past the answer-by time, too much
-    /// contention.
-    async fn lost(&mut self, lost: &mut u32) -> Result<(), Error> {
+    /// contention. `Ok(true)` after a nap: the handed-back record is stale
+    /// by then, so decide from a fresh read.
+    async fn lost(&mut self, lost: &mut u32) -> Result<bool, Error> {
         *lost += 1;
         if Instant::now() >= self.answer_by {
             return Err(Error::Contention);
         }
         if *lost < 3 {
-            return Ok(());
+            return Ok(false);
         }
         let mut n = *lost - 2;
         self.nap(&mut n, self.timing.conflict_first, self.timing.conflict_cap)
             .await
-            .map_err(|()| Error::Contention)
+            .map_err(|()| Error::Contention)?;
+        Ok(true)
     }
 
     /// Sleeps a full-jitter backoff in `[0, first · 2^(n-1)]`, capped, unless

@@ -8,6 +8,7 @@
 //! `count: 1` that is a lock nobody can release.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -17,7 +18,19 @@ use semaphore::service::now_ms;
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 use std::sync::Arc;
 
-use crate::history::{Call, Op};
+use crate::history::{Call, Op, Rule, Violation};
+
+tokio::task_local! {
+    /// The id of the API call the current task is making (set by
+    /// `workload::call`), so the recorder knows which call wrote a lease.
+    pub static CALLER: u64;
+}
+
+/// A fresh caller id.
+pub fn next_caller() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
 
 /// A lease as the store held it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -27,65 +40,108 @@ pub struct StoredLease {
     pub position: u16,
     pub fence: u64,
     pub expires_at_ms: u64,
-    /// When a store call first returned it: no earlier than its write.
+    /// When the store call that first returned it started: no later than
+    /// its write (every write returns the item through the recorder).
     pub first_seen_ms: u64,
+    /// When a delete of its pool returned, if one did after it was written.
+    pub deleted_ms: Option<u64>,
+    /// The API call that wrote it, if known (see [`CALLER`]).
+    pub caller: Option<u64>,
 }
 
-/// A `PoolStore` wrapper that records every lease in every record the inner
-/// store returns.
-pub struct Recorder {
-    inner: Arc<dyn PoolStore>,
+impl StoredLease {
+    /// How long it held its position after `from`: until its expiry or its
+    /// pool's delete.
+    pub fn held_after(&self, from: u64) -> u64 {
+        self.expires_at_ms
+            .min(self.deleted_ms.unwrap_or(u64::MAX))
+            .saturating_sub(from)
+    }
+}
+
+/// Every lease seen by any recorder of a run, and the deletes.
+#[derive(Default)]
+pub struct Truth {
     seen: Mutex<HashMap<(PoolKey, u64), StoredLease>>,
+    /// When each delete that removed a pool returned, by pool.
+    deletes: Mutex<HashMap<PoolKey, Vec<u64>>>,
 }
 
-impl Recorder {
-    pub fn new(inner: Arc<dyn PoolStore>) -> Self {
-        Recorder {
-            inner,
-            seen: Mutex::default(),
-        }
-    }
-
-    /// Every lease seen so far.
+impl Truth {
+    /// Every lease seen so far, each with the first delete of its pool after
+    /// its write.
     pub fn leases(&self) -> Vec<StoredLease> {
-        self.lock().values().copied().collect()
+        let deletes = lock(&self.deletes);
+        lock(&self.seen)
+            .values()
+            .map(|lease| StoredLease {
+                deleted_ms: deletes.get(&lease.key).and_then(|times| {
+                    times.iter().copied().filter(|t| *t >= lease.first_seen_ms).min()
+                }),
+                ..*lease
+            })
+            .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(PoolKey, u64), StoredLease>> {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn saw(&self, key: &PoolKey, record: &Record) {
-        let now = now_ms();
-        let mut seen = self.lock();
+    /// Records the leases of `record`, returned by a call started at
+    /// `since`; `granting`: the digest the call's update granted, if any —
+    /// that call wrote the lease with this digest.
+    fn saw(&self, key: &PoolKey, record: &Record, since: u64, granting: Option<LeaseDigest>) {
+        let caller = CALLER.try_with(|c| *c).ok();
+        let mut seen = lock(&self.seen);
         for lease in record.pool.leases() {
             // Fences are unique per pool id, even across incarnations.
-            seen.entry((*key, lease.fence)).or_insert(StoredLease {
+            let entry = seen.entry((*key, lease.fence)).or_insert(StoredLease {
                 key: *key,
                 digest: lease.digest,
                 position: lease.position,
                 fence: lease.fence,
                 expires_at_ms: lease.expires_at_ms,
-                first_seen_ms: now,
+                first_seen_ms: since,
+                deleted_ms: None,
+                caller: None,
             });
+            entry.first_seen_ms = entry.first_seen_ms.min(since);
+            if granting == Some(lease.digest) {
+                entry.caller = caller;
+            }
         }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A `PoolStore` wrapper that records every lease in every record the inner
+/// store returns, into a [`Truth`] shared by a run's recorders.
+pub struct Recorder {
+    inner: Arc<dyn PoolStore>,
+    truth: Arc<Truth>,
+}
+
+impl Recorder {
+    pub fn new(inner: Arc<dyn PoolStore>, truth: Arc<Truth>) -> Self {
+        Recorder { inner, truth }
     }
 }
 
 #[async_trait]
 impl PoolStore for Recorder {
     async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        let since = now_ms();
         let loaded = self.inner.load(key).await?;
         if let Some(record) = &loaded {
-            self.saw(key, record);
+            self.truth.saw(key, record, since, None);
         }
         Ok(loaded)
     }
 
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        let since = now_ms();
         let created = self.inner.create(key, record).await?;
         match &created {
-            Created::Created(now) | Created::Exists(now) => self.saw(key, now),
+            Created::Created(now) | Created::Exists(now) => self.truth.saw(key, now, since, None),
         }
         Ok(created)
     }
@@ -96,15 +152,27 @@ impl PoolStore for Recorder {
         incarnation: u64,
         update: &Update,
     ) -> Result<Updated, StoreError> {
+        let since = now_ms();
+        let granting = update.changes.iter().find_map(|c| match c {
+            semaphore::domain::Change::Grant { digest, .. } => Some(*digest),
+            _ => None,
+        });
         let updated = self.inner.update(key, incarnation, update).await?;
         if let Updated::Written(now) | Updated::Lost(now) = &updated {
-            self.saw(key, now);
+            self.truth.saw(key, now, since, granting);
         }
         Ok(updated)
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
+        let deleted = self.inner.delete(key).await?;
+        if deleted {
+            lock(&self.truth.deletes)
+                .entry(*key)
+                .or_default()
+                .push(now_ms());
+        }
+        Ok(deleted)
     }
 }
 
@@ -120,12 +188,31 @@ impl Orphans {
     pub fn slot_seconds(&self) -> f64 {
         self.slot_ms as f64 / 1000.0
     }
+
+    /// One [`Rule::OrphanedSlot`] per orphaned lease.
+    pub fn violations(&self) -> Vec<Violation> {
+        self.leases
+            .iter()
+            .map(|l| Violation {
+                rule: Rule::OrphanedSlot,
+                message: format!(
+                    "position {} of pool {:?} held by a lease nobody was told about (fence {}, written by call {:?})",
+                    l.position,
+                    l.key,
+                    l.fence,
+                    l.caller
+                ),
+            })
+            .collect()
+    }
 }
 
-/// The stored leases of `truth` that no borrow in `ops` answered 200 with.
-/// Each held its position from its write until its expiry (nobody could
-/// return it), which is what it costs.
-pub fn orphans(truth: &[StoredLease], ops: &[Op]) -> Orphans {
+/// The stored leases of `truth` that no borrow in `ops` answered 200 with,
+/// and how long each held its position after the call that wrote it had
+/// answered (`callers`: caller id → op index; before the answer, a lease is
+/// a grant in flight like any other) — or, when that call is unknown, from
+/// its write — until its expiry (nobody could return it) or its pool's delete.
+pub fn orphans(truth: &[StoredLease], ops: &[Op], callers: &HashMap<u64, usize>) -> Orphans {
     let told: HashSet<(PoolKey, LeaseDigest)> = ops
         .iter()
         .filter(|op| matches!(op.call, Call::Borrow { .. }) && op.status == 200)
@@ -138,30 +225,43 @@ pub fn orphans(truth: &[StoredLease], ops: &[Op]) -> Orphans {
     let mut found = Orphans::default();
     for lease in truth {
         if !told.contains(&(lease.key, lease.digest)) {
-            found.slot_ms += lease.expires_at_ms.saturating_sub(lease.first_seen_ms);
+            let answered = lease
+                .caller
+                .and_then(|c| callers.get(&c))
+                .and_then(|&i| ops.get(i))
+                .map_or(lease.first_seen_ms, |op| op.response_ms);
+            found.slot_ms += lease.held_after(answered);
             found.leases.push(*lease);
         }
     }
     found
 }
 
-/// For a failure message: the borrows of the orphan's pool not answered 200
-/// that were in flight before it was first seen.
-pub fn suspects(lease: &StoredLease, ops: &[Op]) -> Vec<String> {
-    ops.iter()
+/// For a failure message: the call that wrote the orphan, and the other
+/// calls of its pool around its write.
+pub fn describe(lease: &StoredLease, ops: &[Op], callers: &HashMap<u64, usize>) -> String {
+    let writer = lease.caller.and_then(|c| callers.get(&c)).copied();
+    let around: Vec<String> = ops
+        .iter()
         .enumerate()
-        .filter(|(_, op)| matches!(op.call, Call::Borrow { .. }) && op.status != 200)
-        .filter(|(_, op)| {
-            semaphore::api::parse_pool_id(&op.pool).is_ok_and(|p| p.key() == lease.key)
-        })
-        .filter(|(_, op)| {
-            op.invoke_ms <= lease.first_seen_ms && op.response_ms + 5_000 >= lease.first_seen_ms
+        .filter(|(i, op)| {
+            Some(*i) == writer
+                || (semaphore::api::parse_pool_id(&op.pool).is_ok_and(|p| p.key() == lease.key)
+                    && op.response_ms + 300 >= lease.first_seen_ms
+                    && op.invoke_ms <= lease.first_seen_ms + 300)
         })
         .map(|(i, op)| {
             format!(
-                "#{i} client {} {:?} [{}, {}] → {} {}",
-                op.client, op.call, op.invoke_ms, op.response_ms, op.status, op.body
+                "{}#{i} client {} {:?} [{:+}, {:+}] → {} {}",
+                if Some(i) == writer { "WRITER " } else { "" },
+                op.client,
+                op.call,
+                op.invoke_ms as i64 - lease.first_seen_ms as i64,
+                op.response_ms as i64 - lease.first_seen_ms as i64,
+                op.status,
+                op.body
             )
         })
-        .collect()
+        .collect();
+    format!("{lease:?}\n  {}", around.join("\n  "))
 }

@@ -15,6 +15,7 @@ use semaphore::service::now_ms;
 use crate::harness::ApiClient;
 use crate::history::{Call, History, Op};
 use crate::rng::Rng;
+use crate::truth;
 
 /// The shape of a run.
 #[derive(Clone, Debug)]
@@ -85,6 +86,8 @@ impl Workload {
 /// A finished run.
 pub struct Run {
     pub ops: Vec<Op>,
+    /// Caller id → index in `ops` (see `crate::truth::CALLER`).
+    pub callers: std::collections::HashMap<u64, usize>,
     /// The pools' UUIDs as registered.
     pub pools: Vec<String>,
     pub elapsed: Duration,
@@ -144,6 +147,7 @@ pub async fn run(workload: &Workload, instances: &[Arc<ApiClient>]) -> Run {
     }
     Run {
         ops: history.snapshot(),
+        callers: history.callers(),
         pools: pools.to_vec(),
         elapsed: started.elapsed(),
     }
@@ -181,10 +185,13 @@ pub async fn call(
             format!(r#"{{"lease":"{lease}"}}"#),
         ),
     };
+    let caller = truth::next_caller();
     let invoke_ms = now_ms();
-    let response = api.raw(method, &path, body.as_bytes(), None).await;
+    let response = truth::CALLER
+        .scope(caller, api.raw(method, &path, body.as_bytes(), None))
+        .await;
     let response_ms = now_ms();
-    history.record(Op {
+    let index = history.record(Op {
         client,
         pool: pool.to_string(),
         call: what,
@@ -193,6 +200,7 @@ pub async fn call(
         invoke_ms,
         response_ms,
     });
+    history.note_caller(caller, index);
     (response.status, response.body)
 }
 

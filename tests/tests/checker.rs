@@ -50,9 +50,16 @@ fn granted(
         "position": position,
         "expires_at_unix": (T + from + ttl_ms) / 1000,
         "expires_in": ttl_ms as f64 / 1000.0,
+        // As the server's: rising with the grant's time.
+        "fence": (T + from) * 1000 + u64::from(n),
     });
     let call = Call::Borrow { ttl_ms, wait_ms: 0 };
     op(client, pool, call, 200, body, from, to)
+}
+
+fn with_fence(mut op: Op, fence: u64) -> Op {
+    op.body["fence"] = json!(fence);
+    op
 }
 
 /// A borrow that waited and was granted at `granted_at`.
@@ -402,4 +409,114 @@ fn unknown_outcomes_are_not_violations() {
     let mut without = ops.clone();
     without.remove(1);
     assert_flags(&without, &faults, Rule::LostWakeup);
+}
+
+#[test]
+fn fences_out_of_grant_order_are_flagged() {
+    let base = vec![register(P, 2, 0, 0, 1)];
+    let first = granted(1, P, 1, 0, 1000, 10, 20);
+    let second = granted(2, P, 2, 1, 1000, 30, 40);
+    let fence = first.body["fence"].as_u64().unwrap();
+    assert_clean(&[base.clone(), vec![first.clone(), second.clone()]].concat(), &strict());
+    // Granted after the first was answered, with a lower fence.
+    let lower = with_fence(second.clone(), fence - 1);
+    assert_flags(&[base.clone(), vec![first.clone(), lower]].concat(), &strict(), Rule::FenceOrder);
+    // Two grants, one fence.
+    let same = with_fence(second, fence);
+    assert_flags(&[base.clone(), vec![first.clone(), same]].concat(), &strict(), Rule::FenceOrder);
+    // After a delete and a re-register of the same id, fences still rise.
+    let again = vec![
+        first,
+        deleted(P, true, 100, 110),
+        register(P, 1, 0, 120, 130),
+        with_fence(granted(3, P, 3, 0, 1000, 140, 150), fence - 5),
+    ];
+    assert_flags(&[base, again].concat(), &strict(), Rule::FenceOrder);
+}
+
+/// A newcomer refused while a slot is free, because an earlier waiter has
+/// the first claim on it, is fair waiting, not a lost wake-up.
+#[test]
+fn a_refusal_owed_to_an_earlier_waiter_is_no_lost_wakeup() {
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 10_000, 10, 20),
+        // Waiting from +50, granted at +150 after the return at +100..110.
+        granted_after_wait(2, P, 2, 0, 50, 150, 160),
+        returned(1, P, 1, true, 100, 110),
+        refused(3, P, 0, 120, 121),
+    ];
+    assert_clean(&ops, &strict());
+    let mut without_the_waiter = ops.clone();
+    without_the_waiter.remove(2);
+    assert_flags(&without_the_waiter, &strict(), Rule::LostWakeup);
+}
+
+/// A waiter that had joined by +250 and waited until +1000 is refused, while
+/// a borrower that started at +400 was granted at +500: overtaken.
+#[test]
+fn a_waiter_overtaken_by_a_later_borrower_is_flagged() {
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 300, 1, 5),
+        refused(2, P, 1000, 0, 1001),
+        granted(3, P, 3, 0, 1000, 450, 500),
+    ];
+    assert_flags(&ops, &strict(), Rule::Overtaken);
+    // Started before the waiter had surely joined: no overtaking.
+    let mut early = ops.clone();
+    early[3].invoke_ms = T + 100;
+    let found = check(&early, &strict());
+    assert!(!rules(&found).contains(&Rule::Overtaken), "{found:#?}");
+}
+
+/// Ground truth: a borrow whose write landed but whose answer was a 502 (as
+/// before the service recognised its own writes) leaves a lease nobody was
+/// told about, holding its slot until its ttl.
+#[test]
+fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
+    use semaphore::domain::LeaseDigest;
+    use semaphore::keys::LeaseId;
+    use semaphore_tests::truth::{orphans, StoredLease};
+
+    let key = semaphore::api::parse_pool_id(P).unwrap().key();
+    let digest = |n: u32| -> LeaseDigest { LeaseId(uuid::Uuid::parse_str(&lease(n)).unwrap()).digest() };
+    let stored = |n: u32| StoredLease {
+        key,
+        digest: digest(n),
+        position: 0,
+        fence: 1,
+        expires_at_ms: T + 3_600_000,
+        first_seen_ms: T + 15,
+        deleted_ms: None,
+        caller: None,
+    };
+    let error = json!({"error": "database call failed; retry with backoff"});
+    let lost_answer = op(
+        1,
+        P,
+        Call::Borrow {
+            ttl_ms: 3_600_000,
+            wait_ms: 0,
+        },
+        502,
+        error,
+        10,
+        20,
+    );
+    let history = [register(P, 1, 0, 0, 1), lost_answer];
+    let found = orphans(&[stored(1)], &history, &Default::default());
+    assert_eq!(found.leases.len(), 1);
+    assert_eq!(found.slot_ms, 3_600_000 - 15);
+    // Known to be written by the call answered at +20: held from then on.
+    let written_by = std::collections::HashMap::from([(7, 1)]);
+    let lease = StoredLease {
+        caller: Some(7),
+        ..stored(1)
+    };
+    assert_eq!(orphans(&[lease], &history, &written_by).slot_ms, 3_600_000 - 20);
+    assert_eq!(found.violations()[0].rule, Rule::OrphanedSlot);
+    // Told about in a 200: no orphan.
+    let told = granted(1, P, 1, 0, 3_600_000, 10, 20);
+    assert_eq!(orphans(&[stored(1)], &[told], &Default::default()).slot_ms, 0);
 }

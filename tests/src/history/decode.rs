@@ -21,6 +21,7 @@ pub(super) enum Outcome {
         position: u64,
         expires_at_unix: u64,
         ttl_ms: u64,
+        fence: u64,
     },
     Returned(bool),
     NotFound,
@@ -90,6 +91,7 @@ pub(super) fn decode(op: &Op, config: &CheckConfig) -> Result<Outcome, String> {
                 position: uint(body, "position")?,
                 expires_at_unix: uint(body, "expires_at_unix")?,
                 ttl_ms,
+                fence: uint(body, "fence")?,
             })
         }
         (Call::Borrow { .. }, 409) => match error_body(body)? {

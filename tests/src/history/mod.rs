@@ -47,6 +47,8 @@ use rules::Checker;
 pub struct CheckConfig {
     /// The server's `max_ttl_ms`: `expires_in` must be the ttl clamped to it.
     pub max_ttl_ms: u64,
+    /// The server's `max_wait_ms`: how long a refused waiter surely waited.
+    pub max_wait_ms: u64,
     /// A 409 is flagged when a slot was definitely free for this long inside
     /// its wait (pollers see a return within ~100 ms; slack for a loaded machine).
     pub wakeup_tolerance_ms: u64,
@@ -59,6 +61,7 @@ impl Default for CheckConfig {
     fn default() -> Self {
         CheckConfig {
             max_ttl_ms: 3_600_000,
+            max_wait_ms: 25_000,
             wakeup_tolerance_ms: 250,
             faults: false,
         }

@@ -12,6 +12,7 @@ pub(super) struct Lease {
     pub(super) op: usize,
     pub(super) id: String,
     pub(super) position: u64,
+    pub(super) fence: u64,
     /// Bounds of the server's clock reading at the grant.
     pub(super) grant_lo: u64,
     pub(super) grant_hi: u64,
@@ -76,6 +77,10 @@ pub(super) struct PoolModel {
     pub(super) regimes: Vec<Regime>,
     /// Spans of `regimes` (id = regime index).
     pub(super) regime_spans: Spans,
+    /// When each borrow with a wait may have been waiting in the queue (id =
+    /// op index): a refused one (409 or 404) all through its call, a granted
+    /// one until its earliest grant.
+    pub(super) waiters: Spans,
 }
 
 impl PoolModel {
@@ -106,7 +111,9 @@ impl PoolModel {
                 id: found.known.len() + k,
             })
             .collect();
+        let waiters = Spans::new(history.waiters(&found.known));
         let model = PoolModel {
+            waiters,
             pool,
             calls,
             sure: Spans::new(surely_live(&found.known)),
@@ -253,8 +260,10 @@ impl PoolCalls<'_> {
                     position,
                     expires_at_unix,
                     ttl_ms,
+                    fence,
                 } => match self.granted(i, lease, *position, *expires_at_unix, *ttl_ms) {
                     Ok(mut granted) => {
+                        granted.fence = *fence;
                         let returns = returns.get(lease).map(Vec::as_slice).unwrap_or_default();
                         granted.enders = self.enders(&granted, returns, &deletes);
                         found.known.push(granted);
@@ -295,6 +304,7 @@ impl PoolCalls<'_> {
             op: i,
             id: lease.to_string(),
             position,
+            fence: 0,
             grant_lo: expiry_lo - ttl_ms,
             grant_hi: expiry_hi - ttl_ms,
             response,
@@ -331,6 +341,30 @@ impl PoolCalls<'_> {
             }
         }
         enders
+    }
+
+    /// The waiting spans of this pool's borrows with a wait (see
+    /// [`PoolModel::waiters`]).
+    fn waiters(&self, granted: &[Lease]) -> Vec<Span> {
+        let grant_lo: HashMap<usize, u64> = granted.iter().map(|l| (l.op, l.grant_lo)).collect();
+        self.calls
+            .iter()
+            .filter(|&&i| matches!(self.ops[i].call, Call::Borrow { wait_ms, .. } if wait_ms > 0))
+            .filter_map(|&i| {
+                let (invoke, response) = self.window(i);
+                let end = match self.outcomes[i] {
+                    // Refused, or told the pool was deleted while it waited.
+                    Outcome::Exhausted | Outcome::NotFound => response + 1,
+                    Outcome::Granted { .. } => *grant_lo.get(&i)?,
+                    _ => return None,
+                };
+                Some(Span {
+                    start: invoke,
+                    end,
+                    id: i,
+                })
+            })
+            .collect()
     }
 
     /// `[start, end)` of the lease borrow `i` (answered 5xx) may have stored:

@@ -1,6 +1,6 @@
 //! Recording: what each client asked, what it was answered, and when.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use serde_json::Value;
@@ -52,6 +52,8 @@ pub struct Op {
 #[derive(Default)]
 pub struct History {
     ops: Mutex<Vec<Op>>,
+    /// Which op each caller id (`crate::truth::CALLER`) became.
+    callers: Mutex<HashMap<u64, usize>>,
 }
 
 impl History {
@@ -59,8 +61,27 @@ impl History {
         Self::default()
     }
 
-    pub fn record(&self, op: Op) {
-        self.lock().push(op);
+    /// Records `op`; its index in the history.
+    pub fn record(&self, op: Op) -> usize {
+        let mut ops = self.lock();
+        ops.push(op);
+        ops.len() - 1
+    }
+
+    /// Notes that the call made under caller id `caller` is op `index`.
+    pub fn note_caller(&self, caller: u64, index: usize) {
+        self.callers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(caller, index);
+    }
+
+    /// Caller id → op index, for every call noted.
+    pub fn callers(&self) -> HashMap<u64, usize> {
+        self.callers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub fn snapshot(&self) -> Vec<Op> {

@@ -32,6 +32,16 @@ pub enum Rule {
     WrongExistence,
     /// A state (`count`, `in_use`) that cannot have held during the call.
     ImpossibleState,
+    /// A grant's fence not above the fence of a grant surely before it (in
+    /// the same pool id, deletes and re-registers included), or two grants
+    /// with one fence.
+    FenceOrder,
+    /// A waiter refused after a borrower that started after it had joined
+    /// was granted while it surely still waited.
+    Overtaken,
+    /// A position held by a lease no client was ever told about (found with
+    /// the store's ground truth, `crate::truth`).
+    OrphanedSlot,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -131,6 +141,7 @@ impl<'h> Checker<'h> {
         owners: &HashMap<&str, (usize, usize)>,
     ) {
         self.shared_positions(model);
+        self.fence_order(model);
         for (l, lease) in model.leases.iter().enumerate() {
             self.grant(model, l, lease);
         }
@@ -145,7 +156,10 @@ impl<'h> Checker<'h> {
                         .map(|&(m, l)| (&models[m], l));
                     self.returned(model, i, *returned, owner);
                 }
-                (Call::Borrow { .. }, Outcome::Exhausted) => self.refused(model, i),
+                (Call::Borrow { .. }, Outcome::Exhausted) => {
+                    self.refused(model, i);
+                    self.overtaken(model, i);
+                }
                 (_, Outcome::State { count, in_use, .. }) => self.state(model, i, *count, *in_use),
                 _ => {}
             }
@@ -312,10 +326,11 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// [`Rule::LostWakeup`]: a 409 only when the pool was full: never definitely free all
-    /// through the call (every read saw a free slot), nor for
-    /// `wakeup_tolerance_ms` on end while it was waiting (a poller reads far
-    /// more often than that).
+    /// [`Rule::LostWakeup`]: a 409 only when the pool was full, or its free
+    /// slots were owed to borrowers that may have been waiting ahead: never
+    /// definitely free (beyond those) all through the call (every read saw a
+    /// free slot), nor for `wakeup_tolerance_ms` on end while it was waiting
+    /// (a poller reads far more often than that).
     fn refused(&mut self, model: &PoolModel, w: usize) {
         let (a, b) = (self.ops[w].invoke_ms, self.ops[w].response_ms);
         let Call::Borrow { wait_ms, .. } = self.ops[w].call else {
@@ -327,9 +342,28 @@ impl<'h> Checker<'h> {
             model
                 .maybe
                 .touching(a, b)
-                .chain(model.regime_spans.touching(a, b)),
+                .chain(model.regime_spans.touching(a, b))
+                .chain(model.waiters.touching(a, b)),
         );
-        let free = |t: u64| (model.maybe.at(t, None).count() as u64) < model.min_count(t);
+        let ops = self.ops;
+        // Waiters that may have joined the queue before this borrower and
+        // may still wait have the first claim on free slots (fair waiting).
+        // A borrower that waits surely joined within the tolerance of its
+        // invoke (the same allowance as [`Rule::Overtaken`]'s); one that does
+        // not wait had all its call for others to join before it.
+        let joined_by = if wait_ms.min(self.config.max_wait_ms) >= self.config.wakeup_tolerance_ms {
+            b.min(a + self.config.wakeup_tolerance_ms)
+        } else {
+            b
+        };
+        let ahead = |t: u64| {
+            model
+                .waiters
+                .at(t, Some(w))
+                .filter(|s| ops[s.id].invoke_ms < joined_by)
+                .count() as u64
+        };
+        let free = |t: u64| model.maybe.at(t, None).count() as u64 + ahead(t) < model.min_count(t);
         // Maximal runs [start, end) of definitely free ms.
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (k, &t) in points.iter().enumerate() {
@@ -355,6 +389,74 @@ impl<'h> Checker<'h> {
                 self.rel(end)
             );
             self.flag(Rule::LostWakeup, message);
+        }
+    }
+
+    /// [`Rule::Overtaken`]: refused waiter `w` had surely joined the queue
+    /// `wakeup_tolerance_ms` after its invoke and surely still waited until
+    /// that long before its wait ended; no borrow that started after it
+    /// joined may be granted in between.
+    fn overtaken(&mut self, model: &PoolModel, w: usize) {
+        let tolerance = self.config.wakeup_tolerance_ms;
+        let Call::Borrow { wait_ms, .. } = self.ops[w].call else {
+            return;
+        };
+        let invoke = self.ops[w].invoke_ms;
+        let joined = invoke + tolerance;
+        let waited_until = (invoke + wait_ms.min(self.config.max_wait_ms))
+            .min(self.ops[w].response_ms)
+            .saturating_sub(tolerance);
+        if waited_until <= joined {
+            return;
+        }
+        let ops = self.ops;
+        let overtaker = model.leases.iter().find(|lease| {
+            ops[lease.op].invoke_ms > joined && lease.response < waited_until
+        });
+        if let Some(lease) = overtaker {
+            let message = format!(
+                "{} waited from +{} to +{}, but {} started later and was granted first",
+                self.describe(w),
+                self.rel(joined),
+                self.rel(waited_until),
+                self.describe(lease.op)
+            );
+            self.flag(Rule::Overtaken, message);
+        }
+    }
+
+    /// [`Rule::FenceOrder`]: a grant surely written before another (answered
+    /// before the other was sent) has the lower fence; no two grants share one.
+    fn fence_order(&mut self, model: &PoolModel) {
+        let ops = self.ops;
+        let mut by_fence: Vec<&Lease> = model.leases.iter().collect();
+        by_fence.sort_by_key(|l| (std::cmp::Reverse(l.fence), l.response));
+        // Sweeping from the highest fence down: the earliest answer among the
+        // grants with a fence at least this one's.
+        let mut earliest: Option<&Lease> = None;
+        for (k, lease) in by_fence.iter().enumerate() {
+            if let Some(twin) = by_fence.get(k + 1).filter(|next| next.fence == lease.fence) {
+                let message = format!(
+                    "{} and {} have the same fence {}",
+                    self.describe(lease.op),
+                    self.describe(twin.op),
+                    lease.fence
+                );
+                self.flag(Rule::FenceOrder, message);
+            }
+            if let Some(before) = earliest.filter(|e| e.response < ops[lease.op].invoke_ms) {
+                let message = format!(
+                    "{} has fence {}, not above {} of {}, answered before it was sent",
+                    self.describe(lease.op),
+                    lease.fence,
+                    before.fence,
+                    self.describe(before.op)
+                );
+                self.flag(Rule::FenceOrder, message);
+            }
+            if earliest.is_none_or(|e| lease.response < e.response) {
+                earliest = Some(lease);
+            }
         }
     }
 
