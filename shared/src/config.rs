@@ -91,8 +91,15 @@ pub async fn dynamodb_client(endpoint: Option<&str>) -> aws_sdk_dynamodb::Client
 /// The app state a Lambda builds once at init: config from the environment and
 /// one DynamoDB client.
 pub async fn service_from_env() -> Result<Service, String> {
-    let config = Config::from_env()?;
-    let client = dynamodb_client(None).await;
+    service_from_lookup(|name| std::env::var(name).ok()).await
+}
+
+/// The same from a lookup instead of the process environment (tests), with
+/// the endpoint from its `AWS_ENDPOINT_URL_DYNAMODB`.
+pub async fn service_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Service, String> {
+    let endpoint = var("AWS_ENDPOINT_URL_DYNAMODB");
+    let config = Config::from_lookup(var)?;
+    let client = dynamodb_client(endpoint.as_deref()).await;
     let store: Arc<dyn PoolStore> = Arc::new(DynamoDbStore::new(client, config.table_name));
     Ok(Service::new(store, config.limits))
 }
