@@ -6,10 +6,10 @@
 mod backend;
 mod cli;
 mod naive;
+mod plot;
 mod report;
 mod scenarios;
 mod stats;
-mod svg;
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -284,7 +284,8 @@ fn write_outputs(args: &Args, report: &mut Report) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))
     };
     create_dir(&args.svg_dir)?;
-    for (name, svg) in report.plots() {
+    for (name, chart) in report.plots() {
+        let svg = plot::render(&chart)?;
         let path = args.svg_dir.join(name);
         std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         report.plots.push(path.display().to_string());
