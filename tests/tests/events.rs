@@ -39,13 +39,19 @@ async fn invoke(service: &Service, route: Route, event: &Value) -> (u16, Value) 
 
 #[tokio::test]
 async fn every_event_fixture_runs_through_the_real_handler() {
-    // The functions' own init path: config from the environment, the endpoint
-    // from AWS_ENDPOINT_URL_DYNAMODB as in events/env.json.
+    // The functions' own init path (service_from_env reads the environment
+    // through this lookup): TABLE_NAME and AWS_ENDPOINT_URL_DYNAMODB as in
+    // events/env.json, the rest from the environment. No set_var: other tests
+    // run in this process at the same time.
     let endpoint = semaphore_tests::harness::endpoint();
     semaphore_tests::harness::dynamodb_client().await; // creates the table
-    std::env::set_var("AWS_ENDPOINT_URL_DYNAMODB", &endpoint);
-    std::env::set_var("TABLE_NAME", semaphore_tests::harness::TABLE);
-    let service = config::service_from_env().await.expect("service from env");
+    let service = config::service_from_lookup(|name| match name {
+        "AWS_ENDPOINT_URL_DYNAMODB" => Some(endpoint.clone()),
+        "TABLE_NAME" => Some(semaphore_tests::harness::TABLE.to_string()),
+        _ => std::env::var(name).ok(),
+    })
+    .await
+    .expect("service from the lookup");
 
     let delete = read_event("delete.json");
     invoke(&service, Route::Delete, &delete).await;

@@ -1,39 +1,83 @@
-//! Command-line options. Bad input is a usage error (exit 2), never a panic.
+//! Command-line options (clap). Bad input is a usage error (exit 2), never a panic.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::builder::{PossibleValuesParser, TypedValueParser};
+use clap::{Parser, ValueEnum};
 use semaphore::service::Backoff;
 
 use crate::scenarios::Strategy;
 
-pub const USAGE: &str = "\
-usage: bench [--profile smoke|full] [--out FILE] [--svg-dir DIR] [--dynamodb URL]
-             [--clients N,N,...] [--seconds S] [--hold-ms N]
-             [--latency-ms N] [--backoff FIRST_MS,CAP_MS]
-             [--strategies LIST] [--only LIST] [--stores LIST] [--check]
+/// Measures the semaphore service on DynamoDB (Local) and on the in-memory
+/// store: DynamoDB calls and capacity per operation, contention goodput
+/// against a naive baseline, wake delay, polling rate and item sizes.
+///
+/// Prints Markdown tables; writes a JSON report and SVG plots.
+#[derive(Clone, Debug, PartialEq, Parser)]
+#[command(name = "bench")]
+pub struct Args {
+    /// smoke: CI, well under a minute; full: a few minutes.
+    #[arg(long, value_enum, default_value_t = Profile::Full)]
+    pub profile: Profile,
 
-Measures the semaphore service on DynamoDB (Local) and on the in-memory store:
-DynamoDB calls and capacity per operation, contention goodput against a naive
-baseline, wake delay, polling rate and item sizes.
+    /// The JSON report.
+    #[arg(long, value_name = "FILE", default_value_os_t = default_dir().join("report.json"),
+          value_parser = non_empty)]
+    pub out: PathBuf,
 
-  --profile P      smoke (CI, well under a minute) or full (the default; a few minutes)
-  --out FILE       JSON report (default target/bench/report.json)
-  --svg-dir DIR    where the SVG plots go (default target/bench)
-  --dynamodb URL   use this DynamoDB endpoint; without it DynamoDB Local is started
-                   with tests/dynamodb-local and stopped at the end
-  --clients LIST   contention client counts (default 1,4,16,64; smoke 1,4,16)
-  --seconds S      length of each contention run (default 10; smoke 1)
-  --hold-ms N      how long a contention client holds each lease (default 0: worst case)
-  --latency-ms N   add N ms to every store call, as a network would (default 0)
-  --backoff F,C    the service's waiting backoff, first and cap in ms (default 15,90)
-  --strategies L   contention strategies: ours, naive (default both)
-  --only L         run only these sections: operations, contention, wake, polling, items
-  --stores L       dynamodb, memory or both (the default)
-  --check          exit 1 if any target is not met
-  -h, --help       this text";
+    /// Where the SVG plots go.
+    #[arg(long, value_name = "DIR", default_value_os_t = default_dir(), value_parser = non_empty)]
+    pub svg_dir: PathBuf,
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    /// Use this DynamoDB endpoint. Without it DynamoDB Local is started with
+    /// tests/dynamodb-local and stopped at the end.
+    #[arg(long, value_name = "URL", value_parser = http_url)]
+    pub dynamodb: Option<String>,
+
+    /// Contention client counts, 1…512 [default: 1,4,16,64; smoke: 1,4,16].
+    #[arg(long, value_name = "N,N,…", value_delimiter = ',', value_parser = clients)]
+    pub clients: Option<Vec<usize>>,
+
+    /// Length of each contention run, 0.1…3600 s [default: 10; smoke: 1].
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = seconds)]
+    pub seconds: Option<f64>,
+
+    /// How long a contention client holds each lease, 0…10000 ms (0: the worst case).
+    #[arg(long = "hold-ms", value_name = "N", default_value = "0", allow_negative_numbers = true,
+          value_parser = millis(10_000))]
+    pub hold: Duration,
+
+    /// Add N ms, 0…1000, to every store call, as a network would.
+    #[arg(long = "latency-ms", value_name = "N", default_value = "0",
+          allow_negative_numbers = true, value_parser = millis(1_000))]
+    pub added_latency: Duration,
+
+    /// The service's waiting backoff, first and cap in ms (1 ≤ FIRST ≤ CAP ≤ 10000).
+    #[arg(long = "backoff", value_name = "FIRST_MS,CAP_MS", value_parser = backoff,
+          help = backoff_help())]
+    backoff_ms: Option<Backoff>,
+
+    /// Contention strategies.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values = ["ours", "naive"],
+          value_parser = strategy())]
+    pub strategies: Vec<Strategy>,
+
+    /// Run only these sections [default: all].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_enum)]
+    pub only: Vec<Section>,
+
+    /// The stores to measure.
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_enum,
+          default_values = ["dynamodb", "memory"])]
+    pub stores: Vec<StoreKind>,
+
+    /// Exit 1 if any target is not met.
+    #[arg(long)]
+    pub check: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Profile {
     Smoke,
     Full,
@@ -48,26 +92,7 @@ impl Profile {
     }
 }
 
-#[derive(Clone, Debug, PartialEq)]
-pub struct Args {
-    pub profile: Profile,
-    pub out: PathBuf,
-    pub svg_dir: PathBuf,
-    pub dynamodb: Option<String>,
-    pub clients: Option<Vec<usize>>,
-    pub seconds: Option<f64>,
-    pub hold: Duration,
-    pub added_latency: Duration,
-    pub backoff: Backoff,
-    pub strategies: Vec<Strategy>,
-    /// Sections to run; empty means all.
-    pub only: Vec<Section>,
-    pub dynamodb_store: bool,
-    pub memory_store: bool,
-    pub check: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Section {
     Operations,
     Contention,
@@ -76,26 +101,29 @@ pub enum Section {
     Items,
 }
 
-impl Section {
-    const ALL: [(&'static str, Section); 5] = [
-        ("operations", Section::Operations),
-        ("contention", Section::Contention),
-        ("wake", Section::Wake),
-        ("polling", Section::Polling),
-        ("items", Section::Items),
-    ];
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StoreKind {
+    Dynamodb,
+    Memory,
 }
 
 impl Args {
     pub fn runs(&self, section: Section) -> bool {
         self.only.is_empty() || self.only.contains(&section)
     }
-}
 
-#[derive(Debug, PartialEq)]
-pub enum Command {
-    Run(Box<Args>),
-    Help,
+    pub fn dynamodb_store(&self) -> bool {
+        self.stores.contains(&StoreKind::Dynamodb)
+    }
+
+    pub fn memory_store(&self) -> bool {
+        self.stores.contains(&StoreKind::Memory)
+    }
+
+    /// The service's default backoff, with `--backoff`'s first and cap.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff_ms.unwrap_or_default()
+    }
 }
 
 /// The workspace root: the bench is built from this tree.
@@ -109,171 +137,97 @@ fn default_dir() -> PathBuf {
     workspace_root().join("target/bench")
 }
 
-pub fn parse(argv: impl IntoIterator<Item = String>) -> Result<Command, String> {
-    let mut args = Args {
-        profile: Profile::Full,
-        out: default_dir().join("report.json"),
-        svg_dir: default_dir(),
-        dynamodb: None,
-        clients: None,
-        seconds: None,
-        hold: Duration::ZERO,
-        added_latency: Duration::ZERO,
-        backoff: Backoff::default(),
-        strategies: vec![Strategy::Ours, Strategy::Naive],
-        only: Vec::new(),
-        dynamodb_store: true,
-        memory_store: true,
-        check: false,
-    };
-    let mut argv = argv.into_iter();
-    while let Some(arg) = argv.next() {
-        // Both `--flag value` and `--flag=value`.
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = || {
-            inline
-                .clone()
-                .or_else(|| argv.next())
-                .ok_or(format!("{flag} needs a value"))
-        };
-        match flag.as_str() {
-            "-h" | "--help" => return Ok(Command::Help),
-            "--check" => args.check = true,
-            "--profile" => {
-                args.profile = match value()?.as_str() {
-                    "smoke" => Profile::Smoke,
-                    "full" => Profile::Full,
-                    other => return Err(format!("--profile must be smoke or full, got {other:?}")),
-                }
-            }
-            "--out" => args.out = non_empty(&flag, value()?)?.into(),
-            "--svg-dir" => args.svg_dir = non_empty(&flag, value()?)?.into(),
-            "--dynamodb" => {
-                let url = value()?;
-                if !(url.starts_with("http://") || url.starts_with("https://")) {
-                    return Err(format!("--dynamodb must be an http(s) URL, got {url:?}"));
-                }
-                args.dynamodb = Some(url);
-            }
-            "--clients" => {
-                let raw = value()?;
-                let clients = raw
-                    .split(',')
-                    .map(|c| {
-                        c.trim()
-                            .parse::<usize>()
-                            .ok()
-                            .filter(|n| (1..=512).contains(n))
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or(format!("--clients must list numbers 1…512, got {raw:?}"))?;
-                args.clients = Some(clients);
-            }
-            "--seconds" => {
-                let raw = value()?;
-                let seconds = raw
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|s| s.is_finite() && (0.1..=3600.0).contains(s))
-                    .ok_or(format!("--seconds must be 0.1…3600, got {raw:?}"))?;
-                args.seconds = Some(seconds);
-            }
-            "--hold-ms" => {
-                let raw = value()?;
-                let ms = raw
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| *ms <= 10_000)
-                    .ok_or(format!("--hold-ms must be 0…10000, got {raw:?}"))?;
-                args.hold = Duration::from_millis(ms);
-            }
-            "--latency-ms" => {
-                let raw = value()?;
-                let ms = raw
-                    .parse::<u64>()
-                    .ok()
-                    .filter(|ms| *ms <= 1_000)
-                    .ok_or(format!("--latency-ms must be 0…1000, got {raw:?}"))?;
-                args.added_latency = Duration::from_millis(ms);
-            }
-            "--backoff" => {
-                let raw = value()?;
-                let parsed = raw
-                    .split_once(',')
-                    .and_then(|(f, c)| {
-                        Some((f.trim().parse::<u64>().ok()?, c.trim().parse::<u64>().ok()?))
-                    })
-                    .filter(|(f, c)| (1..=10_000).contains(f) && f <= c && *c <= 10_000);
-                let (first, cap) = parsed.ok_or(format!(
-                    "--backoff must be FIRST_MS,CAP_MS with 1 ≤ FIRST ≤ CAP ≤ 10000, got {raw:?}"
-                ))?;
-                args.backoff.first = Duration::from_millis(first);
-                args.backoff.cap = Duration::from_millis(cap);
-            }
-            "--strategies" => {
-                let raw = value()?;
-                args.strategies = raw
-                    .split(',')
-                    .map(|name| Strategy::ALL.into_iter().find(|s| s.name() == name.trim()))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or(format!("--strategies must list ours or naive; got {raw:?}"))?;
-            }
-            "--only" => {
-                let raw = value()?;
-                args.only = raw
-                    .split(',')
-                    .map(|name| {
-                        Section::ALL
-                            .iter()
-                            .find(|(n, _)| *n == name.trim())
-                            .map(|(_, s)| *s)
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or(format!(
-                        "--only must list operations, contention, wake, polling, items; got {raw:?}"
-                    ))?;
-            }
-            "--stores" => {
-                let raw = value()?;
-                let stores: Vec<&str> = raw.split(',').map(str::trim).collect();
-                if stores.iter().any(|s| !["dynamodb", "memory"].contains(s)) {
-                    return Err(format!(
-                        "--stores must list dynamodb and/or memory, got {raw:?}"
-                    ));
-                }
-                args.dynamodb_store = stores.contains(&"dynamodb");
-                args.memory_store = stores.contains(&"memory");
-            }
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    Ok(Command::Run(Box::new(args)))
+fn backoff_help() -> String {
+    let default = Backoff::default();
+    format!(
+        "The service's waiting backoff, first and cap in ms, 1 ≤ FIRST ≤ CAP ≤ 10000 \
+         [default: {},{}]",
+        default.first.as_millis(),
+        default.cap.as_millis()
+    )
 }
 
-fn non_empty(flag: &str, value: String) -> Result<String, String> {
-    if value.is_empty() {
-        Err(format!("{flag} must not be empty"))
+/// One of [`Strategy::ALL`] by name (listed in --help and in errors).
+fn strategy() -> impl TypedValueParser<Value = Strategy> {
+    PossibleValuesParser::new(Strategy::ALL.map(Strategy::name)).map(|name| {
+        // PossibleValuesParser has checked the name.
+        let known = Strategy::ALL.into_iter().find(|s| s.name() == name);
+        known.unwrap_or(Strategy::Ours)
+    })
+}
+
+fn non_empty(raw: &str) -> Result<PathBuf, String> {
+    if raw.is_empty() {
+        Err("must not be empty".into())
     } else {
-        Ok(value)
+        Ok(raw.into())
     }
+}
+
+fn http_url(raw: &str) -> Result<String, String> {
+    if raw.starts_with("http://") || raw.starts_with("https://") {
+        Ok(raw.to_string())
+    } else {
+        Err("must be an http(s) URL".into())
+    }
+}
+
+fn clients(raw: &str) -> Result<usize, String> {
+    raw.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=512).contains(n))
+        .ok_or("client counts must be 1…512".into())
+}
+
+fn seconds(raw: &str) -> Result<f64, String> {
+    raw.parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && (0.1..=3600.0).contains(s))
+        .ok_or("must be 0.1…3600".into())
+}
+
+/// Whole milliseconds, 0 to `max`.
+fn millis(max: u64) -> impl Fn(&str) -> Result<Duration, String> + Clone {
+    move |raw| {
+        raw.parse::<u64>()
+            .ok()
+            .filter(|ms| *ms <= max)
+            .map(Duration::from_millis)
+            .ok_or(format!("must be 0…{max}"))
+    }
+}
+
+fn backoff(raw: &str) -> Result<Backoff, String> {
+    let (first, cap) = raw
+        .split_once(',')
+        .and_then(|(f, c)| Some((f.trim().parse::<u64>().ok()?, c.trim().parse::<u64>().ok()?)))
+        .filter(|(f, c)| (1..=10_000).contains(f) && f <= c && *c <= 10_000)
+        .ok_or("must be FIRST_MS,CAP_MS with 1 ≤ FIRST ≤ CAP ≤ 10000")?;
+    Ok(Backoff {
+        first: Duration::from_millis(first),
+        cap: Duration::from_millis(cap),
+        ..Backoff::default()
+    })
 }
 
 #[cfg(test)]
 mod tests {
+    use clap::CommandFactory;
+
     use super::*;
 
-    fn parse_str(line: &str) -> Result<Command, String> {
-        parse(line.split_whitespace().map(String::from))
+    fn parse_str(line: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("bench").chain(line.split_whitespace()))
     }
 
     fn run(line: &str) -> Args {
-        match parse_str(line) {
-            Ok(Command::Run(args)) => *args,
-            other => panic!("{line}: {other:?}"),
-        }
+        parse_str(line).unwrap_or_else(|e| panic!("{line}: {e}"))
+    }
+
+    #[test]
+    fn the_command_is_well_formed() {
+        Args::command().debug_assert();
     }
 
     #[test]
@@ -281,15 +235,30 @@ mod tests {
         let args = run("");
         assert_eq!(args.profile, Profile::Full);
         assert!(args.dynamodb.is_none());
+        assert_eq!(args.out, default_dir().join("report.json"));
+        assert_eq!(args.backoff(), Backoff::default());
+        assert_eq!(args.strategies, [Strategy::Ours, Strategy::Naive]);
+        assert!(args.dynamodb_store() && args.memory_store());
+        assert!(args.only.is_empty() && args.runs(Section::Wake));
+        assert_eq!(
+            (args.hold, args.added_latency),
+            (Duration::ZERO, Duration::ZERO)
+        );
         let args = run("--profile smoke --out r.json --svg-dir=plots --dynamodb http://127.0.0.1:8000 --clients 2,8 --seconds 0.5 --backoff 5,40 --check");
         assert_eq!(args.profile, Profile::Smoke);
         assert_eq!(args.out, PathBuf::from("r.json"));
         assert_eq!(args.svg_dir, PathBuf::from("plots"));
         assert_eq!(args.clients, Some(vec![2, 8]));
         assert_eq!(args.seconds, Some(0.5));
-        assert_eq!(args.backoff.cap, Duration::from_millis(40));
+        assert_eq!(args.backoff().cap, Duration::from_millis(40));
         assert!(args.check);
-        assert_eq!(parse_str("--help"), Ok(Command::Help));
+        let args = run("--stores memory --only wake,items --strategies naive --hold-ms 5");
+        assert!(!args.dynamodb_store() && args.memory_store());
+        assert!(args.runs(Section::Items) && !args.runs(Section::Contention));
+        assert_eq!(args.strategies, [Strategy::Naive]);
+        assert_eq!(args.hold, Duration::from_millis(5));
+        let help = parse_str("--help").unwrap_err();
+        assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
     }
 
     #[test]

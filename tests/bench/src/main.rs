@@ -6,21 +6,22 @@
 mod backend;
 mod cli;
 mod naive;
+mod plot;
 mod report;
 mod scenarios;
 mod stats;
-mod svg;
 
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::Parser;
 use semaphore::service::now_ms;
 use semaphore::store::MemoryStore;
 
 use crate::backend::{Backend, LocalDynamoDb, Store};
-use crate::cli::{Args, Command, Profile, Section};
+use crate::cli::{Args, Profile, Section};
 use crate::report::{Meta, Report};
 use crate::scenarios::{Strategy, Trigger};
 
@@ -73,20 +74,11 @@ impl Plan {
 const ITEM_COUNTS: [u16; 4] = [1, 16, 100, 1000];
 
 fn main() -> ExitCode {
-    let args = match cli::parse(std::env::args().skip(1)) {
-        Ok(Command::Run(args)) => *args,
-        Ok(Command::Help) => {
-            println!("{}", cli::USAGE);
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => {
-            eprintln!("bench: {e}\n\n{}", cli::USAGE);
-            return ExitCode::from(2);
-        }
-    };
+    // Usage errors exit 2 and --help exits 0, both here.
+    let args = Args::parse();
     // Declared before the runtime so it is stopped after every task is gone.
     let local = match &args.dynamodb {
-        _ if !args.dynamodb_store => None,
+        _ if !args.dynamodb_store() => None,
         Some(_) => None,
         None => match LocalDynamoDb::start() {
             Ok(local) => Some(local),
@@ -151,8 +143,8 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
         store: Store::Memory(Arc::new(MemoryStore::new())),
         added_latency: args.added_latency,
     };
-    let backoff = args.backoff;
-    if args.dynamodb_store {
+    let backoff = args.backoff();
+    if args.dynamodb_store() {
         dynamodb.prepare().await?;
         // DynamoDB Local is a JVM: its first requests are slow until the JIT warms up.
         progress("warming up DynamoDB");
@@ -166,8 +158,8 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
     let mut wake = Vec::new();
     let mut polling = Vec::new();
     let backends = [
-        Some(&dynamodb).filter(|_| args.dynamodb_store),
-        Some(&memory).filter(|_| args.memory_store),
+        Some(&dynamodb).filter(|_| args.dynamodb_store()),
+        Some(&memory).filter(|_| args.memory_store()),
     ];
     for backend in backends.into_iter().flatten() {
         if args.runs(Section::Operations) {
@@ -228,7 +220,7 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
     }
     let item_size = if args.runs(Section::Items) {
         progress("item sizes");
-        let measured = Some(&dynamodb).filter(|_| args.dynamodb_store);
+        let measured = Some(&dynamodb).filter(|_| args.dynamodb_store());
         scenarios::item_sizes(measured, &ITEM_COUNTS).await?
     } else {
         Vec::new()
@@ -292,7 +284,8 @@ fn write_outputs(args: &Args, report: &mut Report) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))
     };
     create_dir(&args.svg_dir)?;
-    for (name, svg) in report.plots() {
+    for (name, chart) in report.plots() {
+        let svg = plot::render(&chart)?;
         let path = args.svg_dir.join(name);
         std::fs::write(&path, svg).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
         report.plots.push(path.display().to_string());

@@ -4,8 +4,8 @@ use std::fmt::Write;
 
 use serde::Serialize;
 
+use crate::plot::{cdf, Chart, Scale, Series, COLORS};
 use crate::stats::Summary;
-use crate::svg::{self, Chart, Scale, Series, COLORS};
 
 pub const DYNAMODB: &str = "dynamodb-local";
 
@@ -371,8 +371,8 @@ impl Report {
             .collect()
     }
 
-    /// (file name, SVG) of every plot.
-    pub fn plots(&self) -> Vec<(&'static str, String)> {
+    /// (file name, chart) of every plot.
+    pub fn plots(&self) -> Vec<(&'static str, Chart)> {
         let mut wake = Vec::new();
         for (i, r) in self.wake.iter().enumerate() {
             wake.push(Series {
@@ -384,7 +384,7 @@ impl Report {
                     % COLORS.len()],
                 dashed: r.backend != DYNAMODB,
                 markers: false,
-                points: svg::cdf(&r.delays_ms),
+                points: cdf(&r.delays_ms),
             });
         }
         let by_clients = |f: fn(&ContentionRow) -> f64| {
@@ -422,43 +422,43 @@ impl Report {
         vec![
             (
                 "wake-delay.svg",
-                svg::render(&Chart {
+                Chart {
                     title: "Wake delay: slot freed → waiting borrower granted (CDF)".into(),
                     x_label: "delay, ms (log scale)".into(),
                     y_label: "fraction of samples".into(),
                     x_scale: Scale::Log10,
                     series: wake,
-                }),
+                },
             ),
             (
                 "goodput.svg",
-                svg::render(&Chart {
+                Chart {
                     title: format!("Goodput on DynamoDB Local, one pool of count {count}"),
                     x_label: "concurrent clients".into(),
                     y_label: "borrow→return cycles/s".into(),
                     x_scale: Scale::Log2,
                     series: goodput(DYNAMODB),
-                }),
+                },
             ),
             (
                 "goodput-memory.svg",
-                svg::render(&Chart {
+                Chart {
                     title: format!("Goodput on the in-memory store, one pool of count {count}"),
                     x_label: "concurrent clients".into(),
                     y_label: "borrow→return cycles/s".into(),
                     x_scale: Scale::Log2,
                     series: goodput("memory"),
-                }),
+                },
             ),
             (
                 "write-efficiency.svg",
-                svg::render(&Chart {
+                Chart {
                     title: "Successful writes per conditional-write attempt".into(),
                     x_label: "concurrent clients".into(),
                     y_label: "successes / attempts".into(),
                     x_scale: Scale::Log2,
                     series: by_clients(|r| r.successes_per_attempt),
-                }),
+                },
             ),
         ]
     }
