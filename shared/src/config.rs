@@ -143,7 +143,10 @@ async fn warm_up(client: &aws_sdk_dynamodb::Client, table: &str) {
     let read = client
         .get_item()
         .table_name(table)
-        .key("pk", aws_sdk_dynamodb::types::AttributeValue::S(WARM_UP_KEY.into()))
+        .key(
+            "pk",
+            aws_sdk_dynamodb::types::AttributeValue::S(WARM_UP_KEY.into()),
+        )
         .send();
     match tokio::time::timeout(Duration::from_secs(3), read).await {
         Ok(Ok(_)) => tracing::info!(

@@ -491,6 +491,39 @@ impl Pool {
         })
     }
 
+    /// Expectations that fail on any change at all to this pool: what a
+    /// whole-item version check amounts to (the old write path, kept for
+    /// benchmarks). One per position up to the highest held or counted.
+    pub fn pins(&self) -> Vec<Expect> {
+        let top = self
+            .leases
+            .iter()
+            .map(|l| l.position + 1)
+            .max()
+            .unwrap_or(0)
+            .max(self.count);
+        let mut pins = vec![
+            Expect::Count(self.count),
+            Expect::QueueLen(self.queue.len()),
+        ];
+        for position in 0..top {
+            pins.push(match self.leases.iter().find(|l| l.position == position) {
+                Some(lease) => Expect::SlotHeldBy {
+                    position,
+                    fence: lease.fence,
+                },
+                None => Expect::SlotFree(position),
+            });
+        }
+        for (index, ticket) in self.queue.iter().enumerate() {
+            pins.push(Expect::TicketAt {
+                index,
+                ticket: *ticket,
+            });
+        }
+        pins
+    }
+
     /// What an update means: the pool after it, or the first expectation that
     /// does not hold. Ticket indices name the queue as it was before.
     pub fn apply(&self, update: &Update) -> Result<Pool, ConditionFailed> {
@@ -1023,12 +1056,22 @@ mod properties {
 
         #[derive(Clone, Debug)]
         pub enum Op {
-            Borrow { ttl: u64 },
-            Return { which: u8 },
-            Resize { count: u16 },
-            Advance { ms: u64 },
+            Borrow {
+                ttl: u64,
+            },
+            Return {
+                which: u8,
+            },
+            Resize {
+                count: u16,
+            },
+            Advance {
+                ms: u64,
+            },
             /// Round-trip through stored parts, leases in a shuffled order.
-            Reload { shuffle: u64 },
+            Reload {
+                shuffle: u64,
+            },
         }
 
         pub fn op() -> impl Strategy<Value = Op> {
@@ -1059,7 +1102,12 @@ mod properties {
                 live
             }
 
-            pub fn borrow(&mut self, digest: LeaseDigest, expires_at: u64, now: u64) -> Option<u16> {
+            pub fn borrow(
+                &mut self,
+                digest: LeaseDigest,
+                expires_at: u64,
+                now: u64,
+            ) -> Option<u16> {
                 let live = self.live(now);
                 if live.len() >= usize::from(self.count) {
                     return None;

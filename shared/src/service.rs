@@ -83,6 +83,29 @@ impl Default for Timing {
     }
 }
 
+/// How the service writes and waits. The default is the product; the rest
+/// are the designs it replaced, kept selectable so that a benchmark compares
+/// both in one run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// Every write also conditions on the whole pool as read (as the old
+    /// version-checked `PutItem` did), and a lost write naps and reads again.
+    /// For small pools only (benchmarks): it pins every slot.
+    pub whole_item_writes: bool,
+    /// Waiters queue in arrival order. Off: they poll (15 ms doubling to
+    /// 90 ms, jittered) and race newcomers for each freed slot.
+    pub fair_waiting: bool,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy {
+            whole_item_writes: false,
+            fair_waiting: true,
+        }
+    }
+}
+
 /// A granted lease, as the borrow response reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -143,12 +166,14 @@ pub struct Service {
     store: Arc<dyn PoolStore>,
     limits: Limits,
     timing: Timing,
+    policy: Policy,
 }
 
 /// A request's working state: when it must answer by, and its store calls.
 struct Ctx<'a> {
     store: &'a dyn PoolStore,
     timing: Timing,
+    policy: Policy,
     answer_by: Instant,
     stats: &'a mut Stats,
     jitter: Jitter,
@@ -160,11 +185,17 @@ impl Service {
             store,
             limits,
             timing: Timing::default(),
+            policy: Policy::default(),
         }
     }
 
     pub fn with_timing(mut self, timing: Timing) -> Self {
         self.timing = timing;
+        self
+    }
+
+    pub fn with_policy(mut self, policy: Policy) -> Self {
+        self.policy = policy;
         self
     }
 
@@ -180,6 +211,7 @@ impl Service {
         Ctx {
             store: self.store.as_ref(),
             timing: self.timing,
+            policy: self.policy,
             answer_by,
             stats: &mut call.stats,
             jitter: Jitter::new(),
@@ -213,7 +245,7 @@ impl Service {
             let Some(update) = current.pool.plan_resize(count) else {
                 return Ok(current.pool.state(now_ms()));
             };
-            match ctx.write(&key, current.incarnation, &update).await {
+            match ctx.write(&key, &current, &update).await {
                 Ok(Updated::Written(record)) => return Ok(record.pool.state(now_ms())),
                 // Deleted or recreated under us: start over.
                 Ok(Updated::Gone | Updated::Lost(_)) => {
@@ -300,7 +332,7 @@ impl Service {
             let Some((held, update)) = record.pool.plan_return(digest, now) else {
                 return Ok(false);
             };
-            match ctx.write(&key, incarnation, &update).await {
+            match ctx.write(&key, &record, &update).await {
                 Ok(Updated::Written(_)) => return Ok(true),
                 Ok(Updated::Gone) => return Err(Error::PoolNotFound),
                 Ok(Updated::Lost(fresh)) => {
@@ -360,6 +392,7 @@ impl Borrower {
         // Expiries of the grants we tried to write: a lease found with one of
         // them is ours (full ttl), any other is an idempotent repeat.
         let mut tried: Vec<u64> = Vec::new();
+        let mut polls = 0u32;
         loop {
             if record.incarnation != incarnation {
                 // Deleted (and maybe registered again) while we were at it.
@@ -399,6 +432,23 @@ impl Borrower {
                         if Instant::now() >= self.give_up {
                             return Err(Error::Exhausted);
                         }
+                        if !ctx.policy.fair_waiting {
+                            // The old policy: no queue, poll and race.
+                            let nap = ctx.unfair_poll_interval(polls);
+                            let nap = match record.pool.nth_expiry(needed, now) {
+                                Some(expiry) => {
+                                    nap.min(Duration::from_millis(expiry.saturating_sub(now)))
+                                }
+                                None => nap,
+                            };
+                            let nap =
+                                nap.min(self.give_up.saturating_duration_since(Instant::now()));
+                            tokio::time::sleep(nap).await;
+                            ctx.stats.waited += nap;
+                            polls += 1;
+                            record = ctx.load_existing(&self.key).await?;
+                            continue;
+                        }
                         let joining = Ticket {
                             digest,
                             give_up_ms: self.give_up_ms,
@@ -407,10 +457,10 @@ impl Borrower {
                             // Too many wait already: no place to wait in.
                             JoinPlan::Full => return Err(Error::Exhausted),
                             JoinPlan::Prune(update) => {
-                                record = self.write(ctx, incarnation, &update, &mut lost).await?;
+                                record = self.write(ctx, &record, &update, &mut lost).await?;
                             }
                             JoinPlan::Join(update) => {
-                                record = self.write(ctx, incarnation, &update, &mut lost).await?;
+                                record = self.write(ctx, &record, &update, &mut lost).await?;
                                 if record.pool.ticket_index(&joining).is_some() {
                                     ticket = Some(joining);
                                 }
@@ -444,20 +494,21 @@ impl Borrower {
                     continue;
                 }
             };
-            record = self.write(ctx, incarnation, &update, &mut lost).await?;
+            record = self.write(ctx, &record, &update, &mut lost).await?;
         }
     }
 
     /// Writes `update`; the record to decide from next: the new one, the one
     /// a lost write handed back, or (outcome unknown) a fresh read.
+    /// `read`: the record `update` was planned from.
     async fn write(
         &self,
         ctx: &mut Ctx<'_>,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
         lost: &mut u32,
     ) -> Result<Record, Error> {
-        match ctx.write(&self.key, incarnation, update).await {
+        match ctx.write(&self.key, read, update).await {
             Ok(Updated::Written(record)) => {
                 *lost = 0;
                 Ok(record)
@@ -492,7 +543,7 @@ impl Borrower {
             let Some(update) = record.pool.plan_cancel(ticket) else {
                 return Ok(held);
             };
-            record = self.write(ctx, incarnation, &update, &mut lost).await?;
+            record = self.write(ctx, &record, &update, &mut lost).await?;
         }
     }
 
@@ -538,13 +589,26 @@ impl Ctx<'_> {
         result
     }
 
+    /// Writes `update`, planned from `read`, conditioned on `read`'s
+    /// incarnation (and, by the old policy, on all of `read`).
     async fn write(
         &mut self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let result = self.call(self.store.update(key, incarnation, update)).await;
+        let pinned;
+        let update = if self.policy.whole_item_writes {
+            let mut all = update.clone();
+            all.expect.extend(read.pool.pins());
+            pinned = all;
+            &pinned
+        } else {
+            update
+        };
+        let result = self
+            .call(self.store.update(key, read.incarnation, update))
+            .await;
         if matches!(result, Ok(Updated::Lost(_))) {
             self.stats.conflicts += 1;
         }
@@ -596,10 +660,12 @@ impl Ctx<'_> {
         if Instant::now() >= self.answer_by {
             return Err(Error::Contention);
         }
-        if *lost < 3 {
+        // The old policy napped after every lost write.
+        let immediate = if self.policy.whole_item_writes { 0 } else { 2 };
+        if *lost <= immediate {
             return Ok(false);
         }
-        let mut n = *lost - 2;
+        let mut n = *lost - immediate;
         self.nap(&mut n, self.timing.conflict_first, self.timing.conflict_cap)
             .await
             .map_err(|()| Error::Contention)?;
@@ -618,6 +684,14 @@ impl Ctx<'_> {
         }
         tokio::time::sleep(nap).await;
         Ok(())
+    }
+
+    /// The old policy's poll: 15 ms doubling to 90 ms, jittered to ½–1×.
+    fn unfair_poll_interval(&mut self, polls: u32) -> Duration {
+        let full = Duration::from_millis(15)
+            .saturating_mul(1u32 << polls.min(16))
+            .min(Duration::from_millis(90));
+        full.mul_f64(0.5 + 0.5 * self.jitter.next_unit())
     }
 
     /// How long a waiter with `ahead` live tickets in front of it sleeps.

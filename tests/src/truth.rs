@@ -76,7 +76,11 @@ impl Truth {
             .values()
             .map(|lease| StoredLease {
                 deleted_ms: deletes.get(&lease.key).and_then(|times| {
-                    times.iter().copied().filter(|t| *t >= lease.first_seen_ms).min()
+                    times
+                        .iter()
+                        .copied()
+                        .filter(|t| *t >= lease.first_seen_ms)
+                        .min()
                 }),
                 ..*lease
             })

@@ -135,10 +135,19 @@ async fn borrow_response_reports_expiry(backend: Backend) {
         .collect();
     assert_eq!(
         keys,
-        ["lease", "position", "expires_at_unix", "expires_in", "fence"]
+        [
+            "lease",
+            "position",
+            "expires_at_unix",
+            "expires_in",
+            "fence"
+        ]
     );
     assert_eq!(body["expires_in"], 30);
-    assert!(body["fence"].as_u64().unwrap() < 1 << 53, "a JSON-safe integer");
+    assert!(
+        body["fence"].as_u64().unwrap() < 1 << 53,
+        "a JSON-safe integer"
+    );
     let at = body["expires_at_unix"].as_u64().unwrap();
     assert!(at >= (before + 30_000) / 1000 && at <= (after + 30_000) / 1000);
     let lease = lease_of(&body).await;

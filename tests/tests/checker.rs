@@ -417,13 +417,24 @@ fn fences_out_of_grant_order_are_flagged() {
     let first = granted(1, P, 1, 0, 1000, 10, 20);
     let second = granted(2, P, 2, 1, 1000, 30, 40);
     let fence = first.body["fence"].as_u64().unwrap();
-    assert_clean(&[base.clone(), vec![first.clone(), second.clone()]].concat(), &strict());
+    assert_clean(
+        &[base.clone(), vec![first.clone(), second.clone()]].concat(),
+        &strict(),
+    );
     // Granted after the first was answered, with a lower fence.
     let lower = with_fence(second.clone(), fence - 1);
-    assert_flags(&[base.clone(), vec![first.clone(), lower]].concat(), &strict(), Rule::FenceOrder);
+    assert_flags(
+        &[base.clone(), vec![first.clone(), lower]].concat(),
+        &strict(),
+        Rule::FenceOrder,
+    );
     // Two grants, one fence.
     let same = with_fence(second, fence);
-    assert_flags(&[base.clone(), vec![first.clone(), same]].concat(), &strict(), Rule::FenceOrder);
+    assert_flags(
+        &[base.clone(), vec![first.clone(), same]].concat(),
+        &strict(),
+        Rule::FenceOrder,
+    );
     // After a delete and a re-register of the same id, fences still rise.
     let again = vec![
         first,
@@ -480,7 +491,8 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
     use semaphore_tests::truth::{orphans, StoredLease};
 
     let key = semaphore::api::parse_pool_id(P).unwrap().key();
-    let digest = |n: u32| -> LeaseDigest { LeaseId(uuid::Uuid::parse_str(&lease(n)).unwrap()).digest() };
+    let digest =
+        |n: u32| -> LeaseDigest { LeaseId(uuid::Uuid::parse_str(&lease(n)).unwrap()).digest() };
     let stored = |n: u32| StoredLease {
         key,
         digest: digest(n),
@@ -514,9 +526,15 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
         caller: Some(7),
         ..stored(1)
     };
-    assert_eq!(orphans(&[lease], &history, &written_by).slot_ms, 3_600_000 - 20);
+    assert_eq!(
+        orphans(&[lease], &history, &written_by).slot_ms,
+        3_600_000 - 20
+    );
     assert_eq!(found.violations()[0].rule, Rule::OrphanedSlot);
     // Told about in a 200: no orphan.
     let told = granted(1, P, 1, 0, 3_600_000, 10, 20);
-    assert_eq!(orphans(&[stored(1)], &[told], &Default::default()).slot_ms, 0);
+    assert_eq!(
+        orphans(&[stored(1)], &[told], &Default::default()).slot_ms,
+        0
+    );
 }

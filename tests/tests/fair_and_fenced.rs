@@ -49,7 +49,9 @@ async fn borrow_as(api: &ApiClient, id: &str, lease: &str, ttl: f64, wait: f64) 
 }
 
 fn fence(body: &Value) -> u64 {
-    body["fence"].as_u64().unwrap_or_else(|| panic!("no fence in {body}"))
+    body["fence"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no fence in {body}"))
 }
 
 async fn fences_strictly_increase_even_across_delete(backend: Backend) {
@@ -83,7 +85,11 @@ async fn a_borrow_with_a_lease_id_is_idempotent(backend: Backend) {
     let lease = uuid::Uuid::new_v4().to_string();
     let (status, first) = borrow_as(&api, &id, &lease.to_uppercase(), 30.0, 0.0).await;
     assert_eq!(status, 200, "{first}");
-    assert_eq!(first["lease"], lease.as_str(), "the id the client chose, lowercase");
+    assert_eq!(
+        first["lease"],
+        lease.as_str(),
+        "the id the client chose, lowercase"
+    );
     assert_eq!(first["expires_in"], 30);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let (status, again) = borrow_as(&api, &id, &lease, 30.0, 0.0).await;
@@ -92,7 +98,10 @@ async fn a_borrow_with_a_lease_id_is_idempotent(backend: Backend) {
         assert_eq!(again[field], first[field], "{field}: {first} vs {again}");
     }
     let left = again["expires_in"].as_f64().unwrap();
-    assert!(left < 30.0 && left > 29.0, "expires_in is the time left: {again}");
+    assert!(
+        left < 30.0 && left > 29.0,
+        "expires_in is the time left: {again}"
+    );
     assert_eq!(api.inspect(&id).await.1["in_use"], 1, "one slot, not two");
 
     // Returned, the id may be used again: a new grant.

@@ -258,15 +258,7 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
     let mut workload = Workload::new(seed, operations(2000));
     // Own leases returned more often: every 200 must name a stored lease.
     workload.weights[2] = 30;
-    let ops = run_and_check(
-        "dynamodb+faults",
-        workload,
-        &apis,
-        &truth,
-        &clean,
-        true,
-    )
-    .await;
+    let ops = run_and_check("dynamodb+faults", workload, &apis, &truth, &clean, true).await;
     eprintln!("dynamodb+faults: {counts}");
 
     assert!(counts.failed_after.load(Ordering::Relaxed) > 0, "{counts}");

@@ -50,7 +50,10 @@ impl Twisted {
 }
 
 fn lost_answer() -> StoreError {
-    StoreError::new(StoreErrorKind::Unavailable, "connection reset after the write")
+    StoreError::new(
+        StoreErrorKind::Unavailable,
+        "connection reset after the write",
+    )
 }
 
 #[async_trait]
@@ -182,8 +185,18 @@ async fn a_store_that_never_answers_gets_502_in_time(_: Backend) {
         ("PUT", format!("/l/{id}"), r#"{"count":2}"#.to_string(), 0.0),
         ("GET", format!("/l/{id}"), String::new(), 0.0),
         ("DELETE", format!("/l/{id}"), String::new(), 0.0),
-        ("POST", format!("/l/{id}/borrow"), r#"{"ttl":5,"wait":1}"#.into(), 1.0),
-        ("POST", format!("/l/{id}/return"), format!(r#"{{"lease":"{lease}"}}"#), 0.0),
+        (
+            "POST",
+            format!("/l/{id}/borrow"),
+            r#"{"ttl":5,"wait":1}"#.into(),
+            1.0,
+        ),
+        (
+            "POST",
+            format!("/l/{id}/return"),
+            format!(r#"{{"lease":"{lease}"}}"#),
+            0.0,
+        ),
     ];
     let mut tasks = Vec::new();
     for (method, path, body, wait) in requests {
@@ -192,7 +205,12 @@ async fn a_store_that_never_answers_gets_502_in_time(_: Backend) {
             tasks.push(tokio::spawn(async move {
                 let started = Instant::now();
                 let response = api
-                    .raw(method, &path, body.as_bytes(), deadline.map(|d| started + d))
+                    .raw(
+                        method,
+                        &path,
+                        body.as_bytes(),
+                        deadline.map(|d| started + d),
+                    )
                     .await;
                 let took = started.elapsed();
                 let bound = deadline
@@ -275,7 +293,11 @@ async fn a_corrupt_item_is_a_500() {
         ("GET", format!("/l/{id}"), String::new()),
         ("PUT", format!("/l/{id}"), r#"{"count":1}"#.to_string()),
         ("POST", format!("/l/{id}/borrow"), r#"{"ttl":5}"#.into()),
-        ("POST", format!("/l/{id}/return"), format!(r#"{{"lease":"{lease}"}}"#)),
+        (
+            "POST",
+            format!("/l/{id}/return"),
+            format!(r#"{{"lease":"{lease}"}}"#),
+        ),
     ] {
         let (status, body): (u16, Value) = api.call(method, &path, &body).await;
         assert_eq!(status, 500, "{method} {path}: {body}");

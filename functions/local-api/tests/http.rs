@@ -205,7 +205,10 @@ fn config_out_of_range_is_refused_at_start() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(2), "{name}={value}: {stderr}");
         assert_eq!(stderr.lines().count(), 1, "{stderr}");
-        assert!(stderr.contains(name) && !stderr.contains("panicked"), "{stderr}");
+        assert!(
+            stderr.contains(name) && !stderr.contains("panicked"),
+            "{stderr}"
+        );
     }
     // 0 is a valid wait ("never block").
     let server = Server::start_with_env(&[], &[("MAX_WAIT_SECONDS", "0")]);
@@ -243,7 +246,10 @@ impl Blackhole {
                         let mut buf = [0u8; 16 * 1024];
                         while let Ok(n) = from.read(&mut buf) {
                             // Hanging: read and drop, keep the socket open.
-                            if n == 0 || (!hang.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err()) {
+                            if n == 0
+                                || (!hang.load(Ordering::SeqCst)
+                                    && to.write_all(&buf[..n]).is_err())
+                            {
                                 break;
                             }
                         }
@@ -267,7 +273,14 @@ fn a_database_that_never_answers_gets_json_502_in_time() {
     let proxy = Blackhole::start(&dynamodb_endpoint());
     let table = format!("local-api-{}", uuid::Uuid::new_v4().simple());
     let server = Server::start_with_env(
-        &["--dynamodb", &proxy.endpoint(), "--table", &table, "--log-format", "json"],
+        &[
+            "--dynamodb",
+            &proxy.endpoint(),
+            "--table",
+            &table,
+            "--log-format",
+            "json",
+        ],
         &[("MAX_WAIT_SECONDS", "2")],
     );
     let id = uuid::Uuid::new_v4().to_string();
@@ -279,9 +292,24 @@ fn a_database_that_never_answers_gets_json_502_in_time() {
         ("PUT", pool.clone(), r#"{"count": 2}"#.to_string(), 0.0),
         ("GET", pool.clone(), String::new(), 0.0),
         ("DELETE", pool.clone(), String::new(), 0.0),
-        ("POST", format!("{pool}/borrow"), r#"{"ttl": 5}"#.to_string(), 0.0),
-        ("POST", format!("{pool}/borrow"), r#"{"ttl": 5, "wait": 2}"#.to_string(), 2.0),
-        ("POST", format!("{pool}/return"), format!(r#"{{"lease": "{lease}"}}"#), 0.0),
+        (
+            "POST",
+            format!("{pool}/borrow"),
+            r#"{"ttl": 5}"#.to_string(),
+            0.0,
+        ),
+        (
+            "POST",
+            format!("{pool}/borrow"),
+            r#"{"ttl": 5, "wait": 2}"#.to_string(),
+            2.0,
+        ),
+        (
+            "POST",
+            format!("{pool}/return"),
+            format!(r#"{{"lease": "{lease}"}}"#),
+            0.0,
+        ),
     ];
     for (method, path, body, wait) in requests {
         let started = Instant::now();
@@ -305,7 +333,9 @@ fn a_database_that_never_answers_gets_json_502_in_time() {
         .filter_map(|l| l["status"].as_u64())
         .collect();
     assert_eq!(statuses, [200, 502, 502, 502, 502, 502, 502], "{lines:#?}");
-    assert!(lines.iter().all(|l| !l.contains(&id) && !l.contains(&lease.to_string())));
+    assert!(lines
+        .iter()
+        .all(|l| !l.contains(&id) && !l.contains(&lease.to_string())));
 }
 
 /// `--log-format json`: every request's line is JSON and EMF, for a success,

@@ -410,9 +410,10 @@ impl<'h> Checker<'h> {
             return;
         }
         let ops = self.ops;
-        let overtaker = model.leases.iter().find(|lease| {
-            ops[lease.op].invoke_ms > joined && lease.response < waited_until
-        });
+        let overtaker = model
+            .leases
+            .iter()
+            .find(|lease| ops[lease.op].invoke_ms > joined && lease.response < waited_until);
         if let Some(lease) = overtaker {
             let message = format!(
                 "{} waited from +{} to +{}, but {} started later and was granted first",
