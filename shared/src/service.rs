@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::domain::{BorrowPlan, JoinPlan, Lease, Pool, PoolState, Ticket, Update};
+use crate::domain::{BorrowPlan, JoinPlan, Lease, LeaseDigest, Pool, PoolState, Ticket, Update};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
 use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
@@ -371,6 +371,17 @@ fn gone_while_live(fresh: &Record, incarnation: u64, held: &Lease) -> bool {
             .any(|l| l.position == held.position && l.fence == held.fence)
 }
 
+/// A lease of `record` that a write of ours granted (its expiry is one we
+/// tried), even if the write took so long that it has expired since: it was
+/// granted, so it is the answer.
+fn ours<'r>(record: &'r Record, digest: LeaseDigest, tried: &[u64]) -> Option<&'r Lease> {
+    record
+        .pool
+        .leases()
+        .iter()
+        .find(|l| l.digest == digest && tried.contains(&l.expires_at_ms))
+}
+
 /// One borrow in progress.
 struct Borrower {
     key: PoolKey,
@@ -399,14 +410,7 @@ impl Borrower {
                 return Err(Error::PoolNotFound);
             }
             let now = now_ms();
-            // A grant we wrote is ours to answer, even if the write took so
-            // long that the lease has expired since: it was granted.
-            if let Some(ours) = record
-                .pool
-                .leases()
-                .iter()
-                .find(|l| l.digest == digest && tried.contains(&l.expires_at_ms))
-            {
+            if let Some(ours) = ours(&record, digest, &tried) {
                 return Ok(self.grant(ours, now, &tried));
             }
             let plan = record
@@ -418,7 +422,7 @@ impl Borrower {
                         // A twin request (same client lease id) was granted:
                         // our ticket must not keep a place it will never use.
                         // Best effort: the grant is the answer either way.
-                        let _ = self.cancel(ctx, incarnation, &t, record).await;
+                        let _ = self.cancel(ctx, incarnation, &t, record, &tried).await;
                     }
                     return Ok(self.grant(&held, now, &tried));
                 }
@@ -475,7 +479,7 @@ impl Borrower {
                         continue;
                     }
                     if Instant::now() >= self.give_up {
-                        return match self.cancel(ctx, incarnation, &mine, record).await? {
+                        return match self.cancel(ctx, incarnation, &mine, record, &tried).await? {
                             Some(held) => Ok(self.grant(&held, now_ms(), &tried)),
                             None => Err(Error::Exhausted),
                         };
@@ -533,13 +537,18 @@ impl Borrower {
         incarnation: u64,
         ticket: &Ticket,
         mut record: Record,
+        tried: &[u64],
     ) -> Result<Option<Lease>, Error> {
         let mut lost = 0u32;
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
             }
-            let held = record.pool.live_lease(ticket.digest, now_ms()).copied();
+            // Ours even if expired since (a take of ours that landed late), or
+            // a live twin's.
+            let held = ours(&record, ticket.digest, tried)
+                .or_else(|| record.pool.live_lease(ticket.digest, now_ms()))
+                .copied();
             let Some(update) = record.pool.plan_cancel(ticket) else {
                 return Ok(held);
             };

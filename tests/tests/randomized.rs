@@ -231,6 +231,36 @@ async fn dynamodb_random_history_is_correct() {
     run_and_check("dynamodb", workload, &apis, &truth, &clean, false).await;
 }
 
+/// The replaced design, kept selectable for benchmarks (whole-item
+/// conditions, waiting without a queue), keeps every promise but fair
+/// waiting: the benchmark's baseline is a correct one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_old_policy_is_correct_but_for_fairness() {
+    let store = memory_store();
+    let old = semaphore::service::Policy {
+        whole_item_writes: true,
+        fair_waiting: false,
+    };
+    let apis: Vec<Arc<ApiClient>> = (0..INSTANCES)
+        .map(|_| {
+            Arc::new(ApiClient {
+                service: semaphore::Service::new(store.clone(), LIMITS).with_policy(old),
+            })
+        })
+        .collect();
+    let workload = Workload::new(seed(), operations(1500));
+    let run = workload::run(&workload, &apis).await;
+    let violations: Vec<_> = check(&run.ops, &config(false))
+        .into_iter()
+        .filter(|v| v.rule != Rule::Overtaken)
+        .collect();
+    assert!(
+        violations.is_empty(),
+        "old policy (SEMAPHORE_SEED={}): {violations:#?}",
+        workload.seed
+    );
+}
+
 /// Store calls fail before or after landing, land and are then reported lost
 /// (an SDK retry of a landed write), are throttled or delayed. The API must
 /// still never over-issue, never answer 200 for a lease it did not store,
