@@ -9,6 +9,7 @@ pub mod domain;
 pub mod error;
 pub mod keys;
 pub mod lambda;
+pub mod openapi;
 pub mod service;
 pub mod store;
 

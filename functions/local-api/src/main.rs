@@ -18,7 +18,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use semaphore::api::{self, ApiResponse};
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
-use semaphore::{config, Service};
+use semaphore::{config, openapi, Service};
 use tokio::net::TcpListener;
 
 const USAGE: &str = "usage: local-api --port P [--dynamodb URL --table NAME]";
@@ -154,6 +154,12 @@ async fn serve(
     service: Arc<Service>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    // The API's own description is served before routing (no pool, no store).
+    if let Some(response) = openapi::respond(request.method().as_str(), request.uri().path()) {
+        return Ok(response
+            .into_http()
+            .map(|body| Full::new(Bytes::from(body))));
+    }
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
