@@ -42,9 +42,12 @@ macro_rules! on_both_stores {
     )*};
 }
 
-/// The `local-api` binary, built by cargo for this workspace and profile into
-/// the target directory this test runs from (so `CARGO_TARGET_DIR` and
-/// `--target-dir` are honored). A no-op when it is up to date.
+/// The `local-api` binary, as the workspace's test build makes it (`cargo test
+/// --no-run --workspace`, which is what nextest runs before any test, so here
+/// it is a no-op that only reports the path), for this profile and into the
+/// target directory this test runs from (so `CARGO_TARGET_DIR` and
+/// `--target-dir` are honored). Building `-p local-api` alone instead would
+/// unify dependency features differently and compile a second copy of them.
 pub fn local_api_bin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
@@ -55,23 +58,65 @@ pub fn local_api_bin() -> &'static Path {
             .and_then(Path::parent)
             .expect("test binary under <target>/<profile>/deps");
         let target_dir = profile_dir.parent().expect("a target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev",
-            Some(other) => other,
-        };
         let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
             .parent()
             .expect("client/ is in the workspace");
-        escargot::CargoBuild::new()
-            .manifest_path(workspace.join("Cargo.toml"))
-            .package("local-api")
-            .bin("local-api")
-            .profile(profile)
-            .target_dir(target_dir)
-            .run()
-            .unwrap_or_else(|e| panic!("cargo build -p local-api: {e}"))
-            .path()
-            .to_path_buf()
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut build = Command::new(cargo);
+        build
+            .current_dir(workspace)
+            .args(["test", "--no-run", "--workspace", "--message-format=json"])
+            .arg("--target-dir")
+            .arg(target_dir);
+        match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => {}
+            Some("release") => {
+                build.arg("--release");
+            }
+            Some(other) => {
+                build.args(["--profile", other]);
+            }
+        }
+        // Cargo gives this test its package's CARGO_MANIFEST_DIR, CARGO_PKG_* and
+        // so on; build scripts that watch them (ring's does) would see a change
+        // and rebuild half the dependency tree. Build as from a plain shell.
+        for (name, _) in std::env::vars_os() {
+            let text = name.to_string_lossy();
+            if [
+                "CARGO_MANIFEST_",
+                "CARGO_PKG_",
+                "CARGO_CRATE_",
+                "CARGO_BIN_",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .iter()
+            .any(|prefix| text.starts_with(prefix))
+            {
+                build.env_remove(&name);
+            }
+        }
+        let output = build
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("run cargo test --no-run");
+        assert!(
+            output.status.success(),
+            "cargo test --no-run --workspace failed"
+        );
+        String::from_utf8_lossy(&output.stdout)
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .find_map(|message| {
+                // The binary itself, not the test harness of its unit tests.
+                let is_local_api = message["reason"] == "compiler-artifact"
+                    && message["target"]["name"] == "local-api"
+                    && message["target"]["kind"][0] == "bin"
+                    && message["profile"]["test"] == false;
+                let executable = message["executable"].as_str()?;
+                is_local_api.then(|| PathBuf::from(executable))
+            })
+            .expect("cargo built no local-api binary")
     })
 }
 
