@@ -461,3 +461,47 @@ fn bad_usage_exits_64() {
         "--help shows the pool UUID"
     );
 }
+
+/// On a terminal (script(1) gives it one): a status line while waiting, with
+/// the pool's first 8 hex digits and the seconds waited, and a one-line
+/// summary instead of JSON. The terminal is store-independent: memory only.
+#[test]
+fn on_a_terminal_a_status_line_and_human_output() {
+    let server = Server::start(Store::Memory, &[]);
+    let pool = new_pool(&server.url, 1);
+    let id = pool.id().hyphenated().to_string();
+    let short = semaphore_client::short(pool.id());
+    let on_tty = |args: &str| {
+        let out = output(
+            Command::new("script")
+                .args(["-qec", &format!("'{SEMAPHORE}' {args}"), "/dev/null"])
+                .env("SEMAPHORE_URL", &server.url)
+                .env("SEMAPHORE_POOL", &id)
+                .stdin(Stdio::null()),
+        );
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+
+    let (status, text) = on_tty("inspect");
+    assert_eq!(status, 0, "{text}");
+    assert!(
+        text.contains(&format!("pool {short}: 0 of 1 slots in use, 1 available")),
+        "{text:?}"
+    );
+
+    // The slot frees itself after about 2 s: long enough for a status line or two.
+    let _held = block(pool.borrow(Duration::from_millis(2200), Duration::ZERO)).expect("hold");
+    let (status, text) = on_tty("run --wait 10 -- true");
+    assert_eq!(status, 0, "{text}");
+    assert!(
+        text.contains(&format!("waiting for a slot in pool {short}… 1 s")),
+        "{text:?}"
+    );
+    assert!(
+        !text.contains(&id),
+        "a whole pool UUID on the terminal: {text:?}"
+    );
+}
