@@ -25,18 +25,6 @@ pub enum Error {
     InvalidUrl(String),
 }
 
-impl Error {
-    /// True for the errors that mean "the service could not do it": worth
-    /// trying again later (`Unavailable`), or to report (`ServerBug`,
-    /// `Unexpected`).
-    pub fn is_service_failure(&self) -> bool {
-        matches!(
-            self,
-            Error::Unavailable { .. } | Error::ServerBug(_) | Error::Unexpected(_)
-        )
-    }
-}
-
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
