@@ -9,6 +9,7 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use crate::api::{self, ApiResponse, Route};
 use crate::error::Error;
 use crate::metrics::LogFormat;
+use crate::openapi;
 use crate::service::{now_ms, Call, Service};
 
 /// Handles one request for `route`. The id comes from the `id` path parameter,
@@ -49,6 +50,10 @@ pub async fn handle(
 /// would answer a bare `{"message":"Not Found"}`; the contract wants JSON
 /// errors and a 405 for a known path with the wrong method.
 pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
+    // `GET /openapi.json` has no route of its own in the template: it lands here.
+    if let Some(response) = openapi::respond(request.method().as_str(), request_path(&request)) {
+        return Ok(into_response(response));
+    }
     let started = Instant::now();
     let err = match api::resolve(request.method().as_str(), request_path(&request)) {
         Err(err) => err,

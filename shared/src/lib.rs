@@ -10,6 +10,7 @@ pub mod error;
 pub mod keys;
 pub mod lambda;
 pub mod metrics;
+pub mod openapi;
 pub mod service;
 pub mod store;
 

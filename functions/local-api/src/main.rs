@@ -24,7 +24,7 @@ use semaphore::api::{self, ApiResponse};
 use semaphore::metrics::LogFormat;
 use semaphore::service::Call;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
-use semaphore::{config, Limits, Service};
+use semaphore::{config, openapi, Limits, Service};
 use tokio::net::TcpListener;
 
 const USAGE: &str =
@@ -185,6 +185,12 @@ async fn serve(
     log_format: LogFormat,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    // The API's own description is served before routing (no pool, no store).
+    if let Some(response) = openapi::respond(request.method().as_str(), request.uri().path()) {
+        return Ok(response
+            .into_http()
+            .map(|body| Full::new(Bytes::from(body))));
+    }
     let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();

@@ -1,0 +1,350 @@
+//! `semaphore`: the http-semaphore service from the command line, and
+//! `semaphore run`, which runs a command while holding a slot.
+
+mod run;
+
+use std::ffi::OsString;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use semaphore_client::{format_seconds, Client, Error, Pool, PoolState, RetryPolicy};
+use serde_json::json;
+use uuid::Uuid;
+
+/// Exit statuses (flock(1), timeout(1) and sysexits.h conventions).
+mod exit {
+    /// No slot freed up within `--wait` (`run -E` changes it).
+    pub const NO_SLOT: u8 = 1;
+    pub const USAGE: u8 = 64;
+    /// The pool does not exist.
+    pub const NO_POOL: u8 = 66;
+    /// The service is unreachable, or answered 5xx after retries.
+    pub const UNAVAILABLE: u8 = 69;
+    /// The lease ran out while COMMAND still ran.
+    pub const TIMED_OUT: u8 = 124;
+    pub const CANNOT_EXECUTE: u8 = 126;
+    pub const NOT_FOUND: u8 = 127;
+}
+
+const ABOUT: &str = "Borrow slots of an http-semaphore pool, or run a command while holding one";
+
+const LONG_ABOUT: &str = "\
+semaphore talks to an http-semaphore service: a distributed counting semaphore over \
+HTTP. A pool is COUNT numbered slots kept under a UUID you choose; that UUID is the \
+pool's only credential, so keep it secret. A lease holds one slot until it is returned \
+or its ttl runs out.
+
+The subcommands register, inspect, delete, borrow and return each make one call and \
+print the service's JSON answer on stdout (a one-line summary instead when stdout is a \
+terminal). `semaphore run` borrows a slot, runs a command while holding it, and returns \
+it when the command ends; with a pool of count 1 that is a lock with a timeout:
+
+    semaphore run --pool $P --ttl 600 --wait 300 -- ./deploy.sh
+
+Failed calls (connection errors, timeouts, 502/503/504/429) are retried with capped, \
+jittered backoff (--retries). A borrow is retried with the same lease UUID, so a retry \
+never holds a second slot. Waits longer than the service's own maximum (25 s by \
+default) are made of several borrows, until the whole --wait is spent.";
+
+const AFTER_LONG_HELP: &str = "\
+ENVIRONMENT:
+    SEMAPHORE_URL      the service's base URL, as --url
+    SEMAPHORE_POOL     the pool's UUID, as --pool
+    SEMAPHORE_RETRIES  retries of a failed call, as --retries
+    SEMAPHORE_LEASE    the lease UUID for `semaphore return`
+
+    `semaphore run` sets these for COMMAND: SEMAPHORE_LEASE (the lease UUID), \
+SEMAPHORE_POSITION (the slot number), SEMAPHORE_EXPIRES_AT (when the lease ends, Unix \
+seconds), SEMAPHORE_FENCE (the fencing token: pass it to the resource you protect, which \
+should refuse a token lower than the highest it has seen), SEMAPHORE_POOL and \
+SEMAPHORE_URL.
+
+EXIT STATUS:
+    0      success (`run`: COMMAND's own status; 128+N if it died of signal N)
+    1      no slot freed up within --wait (`run -E CODE` changes it)
+    64     bad usage: a missing or malformed option, or a request the service refused (400)
+    66     the pool does not exist (404)
+    69     the service is unreachable, or answered 5xx after the retries
+    124    `run`: the lease's ttl ran out while COMMAND still ran; COMMAND was stopped
+    126    `run`: COMMAND could not be executed
+    127    `run`: COMMAND was not found
+    128+N  `run`: semaphore got signal N (SIGINT, SIGTERM, SIGHUP); COMMAND got it too
+
+EXAMPLES:
+    export SEMAPHORE_URL=http://127.0.0.1:3000 SEMAPHORE_POOL=$(uuidgen)
+    semaphore register --count 2
+    semaphore run --ttl 60 --wait 120 -- make test
+    LEASE=$(semaphore borrow --ttl 30 | jq -r .lease)
+    semaphore return $LEASE";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "semaphore",
+    version,
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = AFTER_LONG_HELP,
+    after_help = "See `semaphore --help` for the environment, exit statuses and examples.",
+)]
+struct Cli {
+    /// The service's base URL: http://127.0.0.1:3000 for local-api, the stack's
+    /// ApiUrl when deployed.
+    #[arg(long, env = "SEMAPHORE_URL", value_name = "URL", global = true)]
+    url: Option<String>,
+
+    /// The pool's UUID (its credential: prefer the environment variable to
+    /// keep it out of process listings).
+    #[arg(
+        long,
+        env = "SEMAPHORE_POOL",
+        value_name = "UUID",
+        global = true,
+        hide_env_values = true
+    )]
+    pool: Option<Uuid>,
+
+    /// How many times to retry a call that failed with a connection error, a
+    /// timeout or a 502/503/504/429, with backoff (0.2 s doubling to 5 s).
+    #[arg(
+        long,
+        env = "SEMAPHORE_RETRIES",
+        value_name = "N",
+        default_value_t = 5,
+        global = true
+    )]
+    retries: u32,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create the pool with COUNT slots, or change its count (live leases stay).
+    Register {
+        /// Number of slots, 0 to 1000.
+        #[arg(long, value_name = "COUNT", value_parser = clap::value_parser!(u16).range(0..=1000))]
+        count: u16,
+    },
+    /// Show the pool's count and how many slots are in use.
+    Inspect,
+    /// Delete the pool and all its leases.
+    Delete,
+    /// Borrow a slot and print the lease; it is NOT returned when semaphore exits
+    /// (return it with `semaphore return LEASE`, or let its ttl end it).
+    Borrow(BorrowArgs),
+    /// Return a lease early (prints {"returned": false} for an unknown, expired
+    /// or already returned lease).
+    #[command(name = "return")]
+    Return {
+        /// The lease UUID.
+        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true)]
+        lease: Uuid,
+    },
+    /// Borrow a slot, run COMMAND while holding it, then return it.
+    #[command(long_about = run::LONG_ABOUT)]
+    Run(RunArgs),
+}
+
+#[derive(Debug, Args)]
+struct BorrowArgs {
+    /// Seconds the lease lives (fractions allowed; the service clamps it to its
+    /// maximum, 3600 by default).
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    ttl: Duration,
+
+    /// Seconds to wait for a free slot; any length (the client borrows again
+    /// past the service's own maximum).
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0")]
+    wait: Duration,
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// Seconds the lease lives. When it runs out before COMMAND ends, COMMAND
+    /// gets SIGTERM (SIGKILL after --kill-after) and semaphore exits 124.
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, default_value = "300")]
+    ttl: Duration,
+
+    /// Seconds to wait for a free slot before giving up (exit 1, or -E's CODE).
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0")]
+    wait: Duration,
+
+    /// Exit status when no slot freed up within --wait (as flock -E).
+    #[arg(
+        short = 'E',
+        long = "conflict-exit-code",
+        value_name = "CODE",
+        default_value_t = exit::NO_SLOT
+    )]
+    conflict_exit_code: u8,
+
+    /// Seconds between SIGTERM and SIGKILL when COMMAND must stop.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "10")]
+    kill_after: Duration,
+
+    /// The command and its arguments (after `--`).
+    #[arg(
+        value_name = "COMMAND",
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    command: Vec<OsString>,
+}
+
+fn seconds(text: &str) -> Result<Duration, String> {
+    text.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|s| s.is_finite() && *s >= 0.0)
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .ok_or_else(|| format!("{text:?} is not a number of seconds, 0 or more"))
+}
+
+fn positive_seconds(text: &str) -> Result<Duration, String> {
+    seconds(text)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{text:?} is not a number of seconds greater than 0"))
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return ExitCode::from(if err.use_stderr() { exit::USAGE } else { 0 });
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("semaphore: cannot start: {err}");
+            return ExitCode::from(exit::UNAVAILABLE);
+        }
+    };
+    ExitCode::from(runtime.block_on(dispatch(cli)))
+}
+
+async fn dispatch(cli: Cli) -> u8 {
+    let Some(url) = cli.url else {
+        eprintln!("semaphore: no service URL: pass --url URL or set SEMAPHORE_URL");
+        return exit::USAGE;
+    };
+    let Some(pool_id) = cli.pool else {
+        eprintln!("semaphore: no pool: pass --pool UUID or set SEMAPHORE_POOL");
+        return exit::USAGE;
+    };
+    let client = match Client::new(&url) {
+        Ok(client) => client.with_retry(RetryPolicy {
+            retries: cli.retries,
+            ..RetryPolicy::default()
+        }),
+        Err(err) => {
+            eprintln!("semaphore: {err}");
+            return exit::USAGE;
+        }
+    };
+    let pool = client.pool(pool_id);
+    let human = std::io::stdout().is_terminal();
+    let outcome = match cli.command {
+        Command::Register { count } => pool
+            .register(count)
+            .await
+            .map(|state| print_state(&pool, state, human)),
+        Command::Inspect => pool
+            .inspect()
+            .await
+            .map(|state| print_state(&pool, state, human)),
+        Command::Delete => pool.delete().await.map(|deleted| {
+            if human {
+                let what = if deleted { "deleted" } else { "did not exist" };
+                println!("pool {}: {what}", pool.short_id());
+            } else {
+                println!("{}", json!({ "deleted": deleted }));
+            }
+        }),
+        Command::Borrow(args) => pool.borrow(args.ttl, args.wait).await.map(|lease| {
+            // Printed, so kept: the caller returns it by its UUID.
+            let grant = lease.detach();
+            if human {
+                let fence = grant
+                    .fence
+                    .map_or(String::new(), |f| format!(", fence {f}"));
+                println!(
+                    "lease {}: position {}{fence}, expires in {} (at Unix time {})",
+                    grant.lease.hyphenated(),
+                    grant.position,
+                    format_seconds(Duration::from_secs_f64(grant.expires_in)),
+                    grant.expires_at_unix
+                );
+            } else {
+                println!("{}", grant.to_json());
+            }
+        }),
+        Command::Return { lease } => pool.return_lease(lease).await.map(|returned| {
+            if human {
+                println!(
+                    "{}",
+                    if returned {
+                        "returned"
+                    } else {
+                        "not returned: the lease was unknown, expired or already returned"
+                    }
+                );
+            } else {
+                println!("{}", json!({ "returned": returned }));
+            }
+        }),
+        Command::Run(args) => return run::run(&pool, &url, args).await,
+    };
+    match outcome {
+        Ok(()) => 0,
+        Err(err) => report(&pool, &err, exit::NO_SLOT),
+    }
+}
+
+fn print_state(pool: &Pool, state: PoolState, human: bool) {
+    if human {
+        println!(
+            "pool {}: {} of {} slots in use, {} available",
+            pool.short_id(),
+            state.in_use,
+            state.count,
+            state.available
+        );
+    } else {
+        println!(
+            "{}",
+            json!({
+                "id": pool.id().hyphenated().to_string(),
+                "count": state.count,
+                "in_use": state.in_use,
+                "available": state.available,
+            })
+        );
+    }
+}
+
+/// Says on stderr what went wrong (never with a whole pool UUID) and gives
+/// the exit status for it; `no_slot` is the status for `NoSlot`.
+fn report(pool: &Pool, err: &Error, no_slot: u8) -> u8 {
+    let short = pool.short_id();
+    let (status, hint) = match err {
+        Error::NoSlot { .. } => (no_slot, ""),
+        Error::PoolNotFound => (
+            exit::NO_POOL,
+            " (create it with: semaphore register --count N)",
+        ),
+        Error::BadRequest(_) | Error::InvalidUrl(_) => (exit::USAGE, ""),
+        _ => (exit::UNAVAILABLE, ""),
+    };
+    eprintln!("semaphore: pool {short}: {err}{hint}");
+    status
+}

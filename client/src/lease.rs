@@ -1,0 +1,171 @@
+//! A held slot: the grant the server answered, as a guard that gives the slot
+//! back when dropped.
+
+use std::fmt;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::{short, Error, Pool};
+
+/// What a borrow answered (`POST /l/{id}/borrow`'s body).
+#[derive(Clone, PartialEq)]
+pub struct Grant {
+    /// The lease UUID: a secret of its holder.
+    pub lease: Uuid,
+    /// The slot number, `0 … count-1`.
+    pub position: u32,
+    /// When the lease ends, in whole Unix seconds, rounded down.
+    pub expires_at_unix: u64,
+    /// Seconds the lease had left when the server answered.
+    pub expires_in: f64,
+    /// The fencing token; `None` only from a server older than fencing.
+    pub fence: Option<u64>,
+}
+
+impl fmt::Debug for Grant {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Grant")
+            .field("lease", &short(self.lease))
+            .field("position", &self.position)
+            .field("expires_at_unix", &self.expires_at_unix)
+            .field("expires_in", &self.expires_in)
+            .field("fence", &self.fence)
+            .finish()
+    }
+}
+
+impl Grant {
+    pub(crate) fn parse(body: &Value) -> Option<Grant> {
+        Some(Grant {
+            lease: Uuid::parse_str(body.get("lease")?.as_str()?).ok()?,
+            position: u32::try_from(body.get("position")?.as_u64()?).ok()?,
+            expires_at_unix: body.get("expires_at_unix")?.as_u64()?,
+            expires_in: body
+                .get("expires_in")?
+                .as_f64()
+                .filter(|s| s.is_finite() && *s >= 0.0)?,
+            fence: match body.get("fence") {
+                None => None,
+                Some(fence) => Some(fence.as_u64()?),
+            },
+        })
+    }
+
+    /// The grant as the server's JSON body.
+    pub fn to_json(&self) -> Value {
+        let mut body = json!({
+            "lease": self.lease.hyphenated().to_string(),
+            "position": self.position,
+            "expires_at_unix": self.expires_at_unix,
+            "expires_in": if self.expires_in.fract() == 0.0 && self.expires_in < 1e15 {
+                json!(self.expires_in as u64)
+            } else {
+                json!(self.expires_in)
+            },
+        });
+        if let (Some(fence), Some(map)) = (self.fence, body.as_object_mut()) {
+            map.insert("fence".into(), json!(fence));
+        }
+        body
+    }
+}
+
+/// A held slot of a pool. Dropping it without [`release`](Lease::release)
+/// or [`detach`](Lease::detach) returns it in the background (best effort:
+/// see the crate docs).
+pub struct Lease {
+    pool: Pool,
+    grant: Grant,
+    /// When the lease ends by this process's clock, never later than the
+    /// server's: the request was sent before the grant was made.
+    ends_by: Instant,
+    /// Whether dropping must return it.
+    armed: bool,
+}
+
+impl fmt::Debug for Lease {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Lease")
+            .field("pool", &self.pool)
+            .field("grant", &self.grant)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Lease {
+    pub(crate) fn new(pool: Pool, grant: Grant, sent_at: Instant) -> Lease {
+        let left = Duration::try_from_secs_f64(grant.expires_in).unwrap_or(Duration::ZERO);
+        Lease {
+            pool,
+            ends_by: sent_at + left,
+            grant,
+            armed: true,
+        }
+    }
+
+    pub fn id(&self) -> Uuid {
+        self.grant.lease
+    }
+
+    pub fn position(&self) -> u32 {
+        self.grant.position
+    }
+
+    /// The fencing token: pass it to the protected resource, which refuses
+    /// tokens lower than the highest it has seen. `None` only from a server
+    /// older than fencing.
+    pub fn fence(&self) -> Option<u64> {
+        self.grant.fence
+    }
+
+    /// When the lease ends (the server's `expires_at_unix`).
+    pub fn expires_at(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(self.grant.expires_at_unix)
+    }
+
+    /// When the lease ends by this process's monotonic clock, a little early
+    /// rather than late: stop using the slot by then.
+    pub fn deadline(&self) -> Instant {
+        self.ends_by
+    }
+
+    pub fn grant(&self) -> &Grant {
+        &self.grant
+    }
+
+    pub fn pool(&self) -> &Pool {
+        &self.pool
+    }
+
+    /// Returns the slot now: `true` if the lease was still live.
+    pub async fn release(mut self) -> Result<bool, Error> {
+        self.armed = false;
+        self.pool.return_lease(self.grant.lease).await
+    }
+
+    /// Keeps the lease beyond this guard (to return it later by its UUID, or
+    /// let it expire): dropping no longer returns it.
+    pub fn detach(mut self) -> Grant {
+        self.armed = false;
+        self.grant.clone()
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        // Without a runtime there is nothing to run the return on; the lease
+        // then ends by itself at its ttl.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let pool = self.pool.clone();
+            let lease = self.grant.lease;
+            runtime.spawn(async move {
+                let _ = pool.return_lease(lease).await;
+            });
+        }
+    }
+}

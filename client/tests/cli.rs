@@ -1,0 +1,507 @@
+//! The real `semaphore` binary against a real `local-api`, on the in-memory
+//! store and on DynamoDB Local.
+
+mod support;
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+use support::{block, in_use, new_pool, wait_until, Fault, Proxy, Server, Store};
+use uuid::Uuid;
+
+const SEMAPHORE: &str = env!("CARGO_BIN_EXE_semaphore");
+
+/// `semaphore` with the service and pool set in its environment, as a user
+/// would set them, and nothing inherited that could change what it does.
+fn semaphore(url: &str, pool: Uuid) -> Command {
+    let mut command = Command::new(SEMAPHORE);
+    command
+        .env_remove("SEMAPHORE_LEASE")
+        .env_remove("SEMAPHORE_FENCE")
+        .env_remove("SEMAPHORE_RETRIES")
+        .env("SEMAPHORE_URL", url)
+        .env("SEMAPHORE_POOL", pool.hyphenated().to_string())
+        .stdin(Stdio::null());
+    command
+}
+
+fn output(command: &mut Command) -> Output {
+    command.output().expect("run semaphore")
+}
+
+fn json_of(output: &Output) -> Value {
+    let text = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {text:?}; stderr: {}",
+            stderr(output)
+        )
+    })
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn code(output: &Output) -> i32 {
+    output
+        .status
+        .code()
+        .unwrap_or_else(|| panic!("semaphore died of a signal: {:?}", output.status))
+}
+
+/// A scratch directory for files COMMAND writes, removed at the end.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new() -> Scratch {
+        let dir = std::env::temp_dir().join(format!("semaphore-cli-{}", Uuid::new_v4().simple()));
+        fs::create_dir_all(&dir).expect("scratch dir");
+        Scratch(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
+
+fn read_pid(path: &Path) -> Option<i32> {
+    fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Whether a process with this pid still exists (zombies aside: semaphore
+/// reaps its child before it exits).
+fn alive(pid: i32) -> bool {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+}
+
+on_both_stores!(
+    subcommands_print_the_services_json,
+    run_passes_the_commands_status_through,
+    run_exits_1_when_no_slot_frees_up_and_e_changes_it,
+    run_gives_command_its_lease_in_the_environment,
+    run_exports_a_fence_that_grows,
+    run_returns_the_lease_when_semaphore_is_signalled,
+    run_stops_the_command_when_the_ttl_runs_out,
+    run_waits_longer_than_the_servers_maximum,
+    a_borrow_retried_after_a_502_holds_one_slot,
+);
+
+fn subcommands_print_the_services_json(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = Uuid::new_v4();
+    let id = pool.hyphenated().to_string();
+    let run = |args: &[&str]| output(semaphore(&server.url, pool).args(args));
+
+    let out = run(&["inspect"]);
+    assert_eq!(code(&out), 66, "{}", stderr(&out));
+    assert!(stderr(&out).contains("not found"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains(&id),
+        "a whole pool UUID in {:?}",
+        stderr(&out)
+    );
+
+    let out = run(&["register", "--count", "2"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        json_of(&out),
+        serde_json::json!({"id": id, "count": 2, "in_use": 0, "available": 2})
+    );
+
+    let out = run(&["borrow", "--ttl", "30"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let grant = json_of(&out);
+    let lease = grant["lease"].as_str().expect("lease").to_string();
+    assert!(Uuid::parse_str(&lease).is_ok());
+    assert_eq!(grant["position"], 0);
+    assert_eq!(grant["expires_in"], 30);
+    assert!(grant["expires_at_unix"].as_u64().is_some());
+
+    // `borrow` keeps the lease after it exits: it is the caller's to return.
+    let out = run(&["inspect"]);
+    assert_eq!(json_of(&out)["in_use"], 1);
+    let out = run(&["return", &lease]);
+    assert_eq!(json_of(&out), serde_json::json!({"returned": true}));
+    let out = output(
+        semaphore(&server.url, pool)
+            .arg("return")
+            .env("SEMAPHORE_LEASE", &lease),
+    );
+    assert_eq!(json_of(&out), serde_json::json!({"returned": false}));
+
+    let out = run(&["delete"]);
+    assert_eq!(json_of(&out), serde_json::json!({"deleted": true}));
+    let out = run(&["delete"]);
+    assert_eq!(json_of(&out), serde_json::json!({"deleted": false}));
+    let out = run(&["borrow", "--ttl", "1"]);
+    assert_eq!(code(&out), 66);
+}
+
+fn run_passes_the_commands_status_through(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "sh", "-c", "exit 7"]));
+    assert_eq!(code(&out), 7, "{}", stderr(&out));
+    assert_eq!(
+        in_use(&pool),
+        0,
+        "the lease is returned after COMMAND exits"
+    );
+
+    let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "true"]));
+    assert_eq!(code(&out), 0);
+    // Died of SIGTERM: 128 + 15, as a shell reports it.
+    let out =
+        output(semaphore(&server.url, pool.id()).args(["run", "--", "sh", "-c", "kill -TERM $$"]));
+    assert_eq!(code(&out), 143, "{}", stderr(&out));
+    assert_eq!(in_use(&pool), 0);
+
+    let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "/nonexistent/command"]));
+    assert_eq!(code(&out), 127);
+    assert_eq!(in_use(&pool), 0);
+}
+
+fn run_exits_1_when_no_slot_frees_up_and_e_changes_it(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let held = block(pool.borrow(Duration::from_secs(60), Duration::ZERO)).expect("hold the slot");
+    let scratch = Scratch::new();
+    let marker = scratch.path("ran");
+    let touch = format!("touch {}", marker.display());
+
+    let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "sh", "-c", &touch]));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(stderr(&out).contains("no slot"), "{}", stderr(&out));
+
+    let started = Instant::now();
+    let out = output(
+        semaphore(&server.url, pool.id())
+            .args(["run", "--wait", "0.5", "-E", "75", "--", "sh", "-c", &touch]),
+    );
+    assert_eq!(code(&out), 75, "{}", stderr(&out));
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "gave up before --wait"
+    );
+    let out = output(semaphore(&server.url, pool.id()).args([
+        "run",
+        "--conflict-exit-code",
+        "0",
+        "--",
+        "sh",
+        "-c",
+        &touch,
+    ]));
+    assert_eq!(code(&out), 0);
+    assert!(!marker.exists(), "COMMAND ran without a slot");
+    assert_eq!(in_use(&pool), 1);
+    block(held.release()).expect("release");
+}
+
+fn run_gives_command_its_lease_in_the_environment(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 3);
+    let before = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs();
+    // COMMAND looks at the pool itself while it holds its slot.
+    let script = format!("env; echo IN_USE=$({SEMAPHORE} inspect)");
+    let out = output(
+        semaphore(&server.url, pool.id()).args(["run", "--ttl", "120", "--", "sh", "-c", &script]),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let var = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{name}=")))
+            .unwrap_or_else(|| panic!("no {name} in COMMAND's environment: {stdout}"))
+            .to_string()
+    };
+    assert!(Uuid::parse_str(&var("SEMAPHORE_LEASE")).is_ok());
+    assert_eq!(var("SEMAPHORE_POSITION"), "0");
+    assert_eq!(var("SEMAPHORE_POOL"), pool.id().hyphenated().to_string());
+    assert_eq!(var("SEMAPHORE_URL"), server.url);
+    let expires_at: u64 = var("SEMAPHORE_EXPIRES_AT").parse().expect("Unix seconds");
+    assert!(
+        (before + 119..=before + 122).contains(&expires_at),
+        "{expires_at} vs {before}"
+    );
+    let inside: Value = serde_json::from_str(&var("IN_USE")).expect("inspect's JSON");
+    assert_eq!(inside["in_use"], 1);
+    assert_eq!(in_use(&pool), 0);
+}
+
+fn run_exports_a_fence_that_grows(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let fence = || {
+        let out = output(semaphore(&server.url, pool.id()).args([
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo ${SEMAPHORE_FENCE:-unset}",
+        ]));
+        assert_eq!(code(&out), 0, "{}", stderr(&out));
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        text.parse::<u64>()
+            .unwrap_or_else(|_| panic!("SEMAPHORE_FENCE is {text:?}, not an integer"))
+    };
+    let first = fence();
+    let second = fence();
+    assert!(second > first, "fence {second} after {first}");
+}
+
+fn run_returns_the_lease_when_semaphore_is_signalled(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let scratch = Scratch::new();
+    for (signal, name) in [(15, "TERM"), (2, "INT")] {
+        let pid_file = scratch.path(&format!("pid-{name}"));
+        let got_file = scratch.path(&format!("got-{name}"));
+        // COMMAND records its pid, and which signal reached it.
+        let script = format!(
+            "trap 'echo {name} > {got}; exit 0' {name}; echo $$ > {pid}; while :; do sleep 0.05; done",
+            got = got_file.display(),
+            pid = pid_file.display(),
+        );
+        let mut child = semaphore(&server.url, pool.id())
+            .args(["run", "--ttl", "60", "--", "sh", "-c", &script])
+            .stdout(Stdio::null())
+            .spawn()
+            .expect("spawn semaphore");
+        wait_until("COMMAND runs", Duration::from_secs(10), || {
+            read_pid(&pid_file).is_some()
+        });
+        let command_pid = read_pid(&pid_file).expect("pid");
+        assert_eq!(in_use(&pool), 1);
+
+        let semaphore_pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        let sig = nix::sys::signal::Signal::try_from(signal).expect("signal");
+        nix::sys::signal::kill(semaphore_pid, sig).expect("signal semaphore");
+        let status = child.wait().expect("semaphore exits");
+        assert_eq!(status.code(), Some(128 + signal), "{status:?}");
+        assert_eq!(
+            fs::read_to_string(&got_file).ok().as_deref(),
+            Some(format!("{name}\n").as_str()),
+            "COMMAND got SIG{name}"
+        );
+        assert!(!alive(command_pid), "COMMAND outlived semaphore");
+        assert_eq!(in_use(&pool), 0, "lease returned after SIG{name}");
+    }
+}
+
+fn run_stops_the_command_when_the_ttl_runs_out(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("pid");
+    // COMMAND ignores SIGTERM, so only the SIGKILL after --kill-after stops it.
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
+        pid_file.display()
+    );
+    let started = Instant::now();
+    let out = output(semaphore(&server.url, pool.id()).args([
+        "run",
+        "--ttl",
+        "1",
+        "--kill-after",
+        "0.5",
+        "--",
+        "sh",
+        "-c",
+        &script,
+    ]));
+    let took = started.elapsed();
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    assert!(stderr(&out).contains("ran out"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains(&pool.id().hyphenated().to_string()));
+    assert!(
+        took >= Duration::from_millis(1400),
+        "stopped after {took:?}"
+    );
+    let pid = read_pid(&pid_file).expect("COMMAND ran");
+    assert!(!alive(pid), "COMMAND still runs after exit 124");
+    wait_until("the expired lease is gone", Duration::from_secs(5), || {
+        in_use(&pool) == 0
+    });
+}
+
+fn run_waits_longer_than_the_servers_maximum(store: Store) {
+    let server = Server::start(store, &[("MAX_WAIT_SECONDS", "1")]);
+    let pool = new_pool(&server.url, 1);
+    // The slot frees itself 2.5 s from now: after two of the server's 1 s waits.
+    let held = block(pool.borrow(Duration::from_millis(2500), Duration::ZERO)).expect("hold");
+    let started = Instant::now();
+    let out = output(semaphore(&server.url, pool.id()).args(["run", "--wait", "10", "--", "true"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(2000),
+        "got the slot after {took:?}"
+    );
+    assert!(
+        took < Duration::from_secs(8),
+        "got the slot only after {took:?}"
+    );
+    held.detach();
+
+    // And gives up only when the caller's wait is spent, not the server's.
+    let _held = block(pool.borrow(Duration::from_secs(30), Duration::ZERO)).expect("hold");
+    let started = Instant::now();
+    let out =
+        output(semaphore(&server.url, pool.id()).args(["run", "--wait", "2.2", "--", "true"]));
+    assert_eq!(code(&out), 1, "{}", stderr(&out));
+    assert!(started.elapsed() >= Duration::from_millis(2200));
+}
+
+fn a_borrow_retried_after_a_502_holds_one_slot(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 2);
+    let proxy = Proxy::start(&server.url, Fault::FirstBorrowAnswered502);
+    let out = output(semaphore(&proxy.url, pool.id()).args(["borrow", "--ttl", "60"]));
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(
+        proxy.borrows.load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "one borrow, one retry"
+    );
+    let grant = json_of(&out);
+    assert_eq!(
+        grant["position"], 0,
+        "the retry got the first attempt's slot"
+    );
+    assert_eq!(in_use(&pool), 1, "a retried borrow holds one slot, not two");
+}
+
+#[test]
+fn an_unreachable_or_failing_service_exits_69() {
+    let pool = Uuid::new_v4();
+    // Nothing listens on a port we bound and closed.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    let out = output(semaphore(&url, pool).args(["--retries", "1", "inspect"]));
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(stderr(&out).contains("2 attempts"), "{}", stderr(&out));
+    assert!(
+        !stderr(&out).contains(&pool.hyphenated().to_string()),
+        "{}",
+        stderr(&out)
+    );
+
+    let proxy = Proxy::start(&url, Fault::Always502);
+    let out = output(semaphore(&proxy.url, pool).args(["--retries", "2", "run", "--", "true"]));
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert_eq!(proxy.borrows.load(std::sync::atomic::Ordering::SeqCst), 3);
+}
+
+#[test]
+fn bad_usage_exits_64() {
+    let url = "http://127.0.0.1:9";
+    let pool = Uuid::new_v4();
+    for args in [
+        &["run"][..],
+        &["run", "--ttl", "0", "--", "true"],
+        &["run", "--wait", "-1", "--", "true"],
+        &["register", "--count", "1001"],
+        &["borrow"],
+        &["frobnicate"],
+        &["--pool", "not-a-uuid", "inspect"],
+    ] {
+        let out = output(semaphore(url, pool).args(args));
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+    }
+    let out = output(
+        semaphore(url, pool)
+            .env_remove("SEMAPHORE_POOL")
+            .arg("inspect"),
+    );
+    assert_eq!(code(&out), 64);
+    assert!(stderr(&out).contains("SEMAPHORE_POOL"), "{}", stderr(&out));
+    let out = output(
+        semaphore(url, pool)
+            .env_remove("SEMAPHORE_URL")
+            .arg("inspect"),
+    );
+    assert_eq!(code(&out), 64);
+    assert!(stderr(&out).contains("SEMAPHORE_URL"), "{}", stderr(&out));
+    let out = output(semaphore("ftp://x", pool).arg("inspect"));
+    assert_eq!(code(&out), 64);
+
+    let out = output(semaphore(url, pool).arg("--help"));
+    assert_eq!(code(&out), 0);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "SEMAPHORE_URL",
+        "SEMAPHORE_POOL",
+        "EXIT STATUS",
+        "124",
+        "semaphore run",
+    ] {
+        assert!(help.contains(needle), "--help lacks {needle}");
+    }
+    assert!(
+        !help.contains(&pool.hyphenated().to_string()),
+        "--help shows the pool UUID"
+    );
+}
+
+/// On a terminal (script(1) gives it one): a status line while waiting, with
+/// the pool's first 8 hex digits and the seconds waited, and a one-line
+/// summary instead of JSON. The terminal is store-independent: memory only.
+#[test]
+fn on_a_terminal_a_status_line_and_human_output() {
+    let server = Server::start(Store::Memory, &[]);
+    let pool = new_pool(&server.url, 1);
+    let id = pool.id().hyphenated().to_string();
+    let short = semaphore_client::short(pool.id());
+    let on_tty = |args: &str| {
+        let out = output(
+            Command::new("script")
+                .args(["-qec", &format!("'{SEMAPHORE}' {args}"), "/dev/null"])
+                .env("SEMAPHORE_URL", &server.url)
+                .env("SEMAPHORE_POOL", &id)
+                .stdin(Stdio::null()),
+        );
+        (
+            code(&out),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+
+    let (status, text) = on_tty("inspect");
+    assert_eq!(status, 0, "{text}");
+    assert!(
+        text.contains(&format!("pool {short}: 0 of 1 slots in use, 1 available")),
+        "{text:?}"
+    );
+
+    // The slot frees itself after about 2 s: long enough for a status line or two.
+    let _held = block(pool.borrow(Duration::from_millis(2200), Duration::ZERO)).expect("hold");
+    let (status, text) = on_tty("run --wait 10 -- true");
+    assert_eq!(status, 0, "{text}");
+    assert!(
+        text.contains(&format!("waiting for a slot in pool {short}… 1 s")),
+        "{text:?}"
+    );
+    assert!(
+        !text.contains(&id),
+        "a whole pool UUID on the terminal: {text:?}"
+    );
+}

@@ -1,0 +1,138 @@
+//! `GET /openapi.json`: the OpenAPI 3.1 document of this API, converted from
+//! `shared/openapi.yaml` to compact JSON at build time (see `build.rs`).
+
+use std::sync::OnceLock;
+
+use serde_json::Value;
+
+use crate::api::{self, ApiResponse};
+use crate::error::Error;
+
+/// Where the document is served.
+pub const PATH: &str = "/openapi.json";
+
+/// The document as compact JSON.
+pub fn openapi_json() -> &'static str {
+    include_str!(concat!(env!("OUT_DIR"), "/openapi.json"))
+}
+
+/// The answer to `method` on `path` when `path` is the document's, else
+/// `None` (the request is for the routes). Any method but GET is a 405.
+pub fn respond(method: &str, path: &str) -> Option<ApiResponse> {
+    let path = path.split('?').next().unwrap_or_default();
+    if path != PATH {
+        return None;
+    }
+    if method != "GET" {
+        return Some(api::error_response(&Error::MethodNotAllowed {
+            allow: "GET".into(),
+        }));
+    }
+    static DOCUMENT: OnceLock<Value> = OnceLock::new();
+    let body = DOCUMENT.get_or_init(|| {
+        // build.rs wrote this JSON itself; the test below parses it too.
+        serde_json::from_str(openapi_json()).unwrap_or(Value::Null)
+    });
+    Some(ApiResponse {
+        status: 200,
+        body: body.clone(),
+        allow: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::Route;
+
+    fn document() -> Value {
+        serde_json::from_str(openapi_json()).expect("openapi.json parses")
+    }
+
+    #[test]
+    fn is_openapi_3_1_and_compact() {
+        let doc = document();
+        assert_eq!(doc["openapi"], "3.1.0");
+        assert!(!openapi_json().contains('\n'), "compact JSON");
+        // Status codes are JSON strings even where the YAML left them unquoted.
+        let responses = &doc["paths"]["/l/{id}"]["get"]["responses"];
+        assert!(responses["200"].is_object());
+    }
+
+    #[test]
+    fn lists_every_route_and_nothing_else() {
+        // A new Route variant fails to compile here: describe it in openapi.yaml.
+        let every = |route: Route| match route {
+            Route::Register | Route::Inspect | Route::Delete | Route::Borrow | Route::Return => {
+                route
+            }
+        };
+        let routes = [
+            Route::Register,
+            Route::Inspect,
+            Route::Delete,
+            Route::Borrow,
+            Route::Return,
+        ]
+        .map(every);
+        let doc = document();
+        let mut expected: Vec<(String, String)> = routes
+            .iter()
+            .map(|route| {
+                let (method, path) = route.key().split_once(' ').expect("METHOD /path");
+                (path.to_string(), method.to_lowercase())
+            })
+            .collect();
+        expected.push((PATH.to_string(), "get".to_string()));
+        expected.sort();
+
+        let mut listed = Vec::new();
+        let paths = doc["paths"].as_object().expect("paths");
+        for (path, item) in paths {
+            for (key, operation) in item.as_object().expect("path item") {
+                if key == "parameters" {
+                    continue;
+                }
+                assert!(operation["responses"]["200"].is_object(), "{key} {path}");
+                listed.push((path.clone(), key.clone()));
+            }
+        }
+        listed.sort();
+        assert_eq!(listed, expected);
+    }
+
+    #[test]
+    fn every_reference_resolves() {
+        fn walk(value: &Value, doc: &Value) {
+            match value {
+                Value::Object(map) => {
+                    if let Some(Value::String(reference)) = map.get("$ref") {
+                        let pointer = reference.strip_prefix('#').expect("local $ref");
+                        assert!(doc.pointer(pointer).is_some(), "dangling {reference}");
+                    }
+                    map.values().for_each(|v| walk(v, doc));
+                }
+                Value::Array(items) => items.iter().for_each(|v| walk(v, doc)),
+                _ => {}
+            }
+        }
+        let doc = document();
+        walk(&doc, &doc);
+    }
+
+    #[test]
+    fn served_on_get_only() {
+        let ok = respond("GET", "/openapi.json?x=1").expect("served");
+        assert_eq!(ok.status, 200);
+        assert_eq!(ok.body, document());
+        let http = ok.into_http();
+        assert_eq!(http.headers()["content-type"], "application/json");
+
+        let wrong = respond("POST", "/openapi.json").expect("answered");
+        assert_eq!(wrong.status, 405);
+        assert_eq!(wrong.into_http().headers()["allow"], "GET");
+
+        assert!(respond("GET", "/openapi.yaml").is_none());
+        assert!(respond("GET", "/l/openapi.json").is_none());
+    }
+}
