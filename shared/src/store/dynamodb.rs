@@ -98,64 +98,53 @@ impl DynamoDbStore {
     fn key(key: &PoolKey) -> AttributeValue {
         AttributeValue::S(key.to_hex())
     }
-}
 
-#[async_trait]
-impl PoolStore for DynamoDbStore {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .key(PK, Self::key(key))
-            // A borrower must see the latest return, or it would wait for nothing.
-            .consistent_read(true)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await
-            .map_err(store_error)?;
-        self.record(out.consumed_capacity());
-        out.item().map(decode).transpose()
+    /// The record of a stored item, in either format.
+    fn current(item: &Item) -> Result<Record, StoreError> {
+        match legacy::decode(item)? {
+            Some(record) => Ok(record),
+            None => decode(item),
+        }
     }
 
-    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-        let sent = self
+    /// Rewrites an item of the old format (read as `record`) in this one,
+    /// unless it changed since. Pools stored before per-slot updates keep
+    /// their count and leases; only a write needs this, so read-only
+    /// functions never upgrade.
+    async fn upgrade(&self, key: &PoolKey, record: &Record) -> Result<(), StoreError> {
+        let put = self
             .client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(encode(key, record)))
-            .condition_expression("attribute_not_exists(pk)")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .condition_expression("#v = :v AND attribute_not_exists(#i)")
+            .expression_attribute_names("#v", legacy::VERSION)
+            .expression_attribute_names("#i", INCARNATION)
+            .expression_attribute_values(":v", number(record.incarnation))
             .set_return_consumed_capacity(self.capacity_mode())
             .send()
             .await;
-        match sent {
+        match put {
             Ok(out) => {
                 self.record(out.consumed_capacity());
-                Ok(Created::Created(record.clone()))
+                Ok(())
             }
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    let item = failed.item().ok_or_else(|| {
-                        StoreError::new(
-                            StoreErrorKind::Unavailable,
-                            "create failed its condition but returned no item",
-                        )
-                    })?;
-                    let current = decode(item)?;
-                    Ok(if current.incarnation == record.incarnation {
-                        // Our own create, landed on an earlier SDK attempt.
-                        Created::Created(current)
-                    } else {
-                        Created::Exists(current)
-                    })
-                }
-                _ => Err(store_error(err)),
-            },
+            // Upgraded, changed or deleted by someone else meanwhile: the
+            // retried update will see.
+            Err(err)
+                if matches!(
+                    err.as_service_error(),
+                    Some(PutItemError::ConditionalCheckFailedException(_))
+                ) =>
+            {
+                Ok(())
+            }
+            Err(err) => Err(store_error(err)),
         }
     }
 
-    async fn update(
+    /// One conditional `UpdateItem`.
+    async fn update_once(
         &self,
         key: &PoolKey,
         incarnation: u64,
@@ -189,12 +178,86 @@ impl PoolStore for DynamoDbStore {
                 // A failed condition is still a billed write.
                 Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
                     match failed.item() {
-                        Some(item) => Ok(Updated::Lost(decode(item)?)),
+                        Some(item) => Ok(Updated::Lost(Self::current(item)?)),
                         None => Ok(Updated::Gone),
                     }
                 }
                 _ => Err(store_error(err)),
             },
+        }
+    }
+}
+
+#[async_trait]
+impl PoolStore for DynamoDbStore {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .key(PK, Self::key(key))
+            // A borrower must see the latest return, or it would wait for nothing.
+            .consistent_read(true)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await
+            .map_err(store_error)?;
+        self.record(out.consumed_capacity());
+        out.item().map(Self::current).transpose()
+    }
+
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        let sent = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(encode(key, record)))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                Ok(Created::Created(record.clone()))
+            }
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
+                    let item = failed.item().ok_or_else(|| {
+                        StoreError::new(
+                            StoreErrorKind::Unavailable,
+                            "create failed its condition but returned no item",
+                        )
+                    })?;
+                    let current = Self::current(item)?;
+                    Ok(if current.incarnation == record.incarnation {
+                        // Our own create, landed on an earlier SDK attempt.
+                        Created::Created(current)
+                    } else {
+                        Created::Exists(current)
+                    })
+                }
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+
+    async fn update(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let outcome = self.update_once(key, incarnation, update).await?;
+        match &outcome {
+            // Planned from an item of the old format, still as read: bring
+            // it to this format, then the update applies as planned.
+            Updated::Lost(current) if current.incarnation == incarnation => {
+                self.upgrade(key, current).await?;
+                self.update_once(key, incarnation, update).await
+            }
+            _ => Ok(outcome),
         }
     }
 
@@ -586,6 +649,84 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
     Ok(Record { incarnation, pool })
 }
 
+/// The item format before per-slot updates: `v` (version token), `c`
+/// (count), `l` (leases packed 24 bytes each: position 2, expiry ms 6,
+/// digest 16). Read only, to upgrade such items in place.
+mod legacy {
+    use super::*;
+
+    pub(super) const VERSION: &str = "v";
+    const LEASES: &str = "l";
+    const LEASE_BYTES: usize = 24;
+
+    /// `None` for an item of the current format; else the pool it holds, as
+    /// the record its upgrade writes: the version token as incarnation (so a
+    /// plan made from this read still applies after the upgrade), fences
+    /// 1…n in position order (the old format issued none, and a pool
+    /// registered after a delete starts far above).
+    pub(super) fn decode(item: &Item) -> Result<Option<Record>, StoreError> {
+        if item.contains_key(INCARNATION) {
+            return Ok(None);
+        }
+        let Some(AttributeValue::N(version)) = item.get(VERSION) else {
+            return Ok(None);
+        };
+        let corrupt =
+            |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("old pool item: {what}"));
+        let version: u64 = version.parse().map_err(|_| corrupt(VERSION))?;
+        let count = match item.get(COUNT) {
+            Some(AttributeValue::N(n)) => n.parse::<u16>().ok().filter(|c| *c <= MAX_COUNT),
+            _ => None,
+        }
+        .ok_or_else(|| corrupt(COUNT))?;
+        let packed: &[u8] = match item.get(LEASES) {
+            None => &[],
+            Some(AttributeValue::B(blob)) => blob.as_ref(),
+            Some(_) => return Err(corrupt(LEASES)),
+        };
+        if !packed.len().is_multiple_of(LEASE_BYTES) {
+            return Err(corrupt(LEASES));
+        }
+        let mut leases = Vec::new();
+        for chunk in packed.chunks_exact(LEASE_BYTES) {
+            let digest = <[u8; 16]>::try_from(&chunk[8..]).map_err(|_| corrupt(LEASES))?;
+            leases.push(Lease {
+                digest: LeaseDigest(digest),
+                position: u16::from_be_bytes([chunk[0], chunk[1]]),
+                expires_at_ms: ms48(&chunk[2..8]),
+                fence: 0,
+            });
+        }
+        leases.sort_by_key(|l| l.position);
+        for (k, lease) in leases.iter_mut().enumerate() {
+            lease.fence = k as u64 + 1;
+        }
+        let fence = leases.len() as u64;
+        let pool = Pool::from_parts(count, fence, leases, Vec::new()).map_err(|e| corrupt(e.0))?;
+        Ok(Some(Record {
+            incarnation: version,
+            pool,
+        }))
+    }
+
+    /// An item as the old format wrote it (tests).
+    #[cfg(test)]
+    pub(super) fn encode(key: &PoolKey, count: u16, leases: &[Lease], version: u64) -> Item {
+        let mut packed = Vec::new();
+        for lease in leases {
+            packed.extend_from_slice(&lease.position.to_be_bytes());
+            packed.extend_from_slice(&lease.expires_at_ms.to_be_bytes()[2..]);
+            packed.extend_from_slice(&lease.digest.0);
+        }
+        HashMap::from([
+            (PK.to_string(), AttributeValue::S(key.to_hex())),
+            (VERSION.to_string(), number(version)),
+            (COUNT.to_string(), number(count)),
+            (LEASES.to_string(), AttributeValue::B(Blob::new(packed))),
+        ])
+    }
+}
+
 /// Bytes DynamoDB bills for an item, by its item-size rules: attribute names
 /// plus values; a number is about one byte per two digits plus one; a map or
 /// list is 3 bytes plus, per element, its key, its value and one byte.
@@ -698,6 +839,31 @@ mod tests {
         let mut item = good;
         item.remove(INCARNATION);
         assert_eq!(decode(&item).unwrap_err().kind, StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn items_of_the_old_format_are_read_with_their_leases() {
+        let key = PoolKey([7; 32]);
+        let leases = full_pool(3, 0).pool.leases().to_vec();
+        let old = legacy::encode(&key, 3, &leases, 42);
+        let record = legacy::decode(&old).unwrap().expect("an old item");
+        assert_eq!(record.incarnation, 42, "the version is the incarnation");
+        assert_eq!(record.pool.count(), 3);
+        let kept: Vec<(LeaseDigest, u16, u64)> = record
+            .pool
+            .leases()
+            .iter()
+            .map(|l| (l.digest, l.position, l.expires_at_ms))
+            .collect();
+        let before: Vec<(LeaseDigest, u16, u64)> = leases
+            .iter()
+            .map(|l| (l.digest, l.position, l.expires_at_ms))
+            .collect();
+        assert_eq!(kept, before);
+        let fences: Vec<u64> = record.pool.leases().iter().map(|l| l.fence).collect();
+        assert_eq!(fences, [1, 2, 3]);
+        assert_eq!(legacy::decode(&old).unwrap(), Some(record.clone()), "deterministic");
+        assert_eq!(legacy::decode(&encode(&key, &record)).unwrap(), None);
     }
 
     #[test]
