@@ -2,22 +2,24 @@
 //! is what one Lambda container would hold (its own `Service` and, for
 //! DynamoDB, its own SDK client and connection pool).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use semaphore::domain::Pool;
+use semaphore::domain::{Change, Expect, Update};
 use semaphore::keys::PoolKey;
-use semaphore::service::Backoff;
+use semaphore::service::{Policy, Timing};
 use semaphore::store::{
-    dynamodb, Created, DynamoDbStore, MemoryStore, PoolStore, Replaced, StoreError, Version,
-    Versioned,
+    dynamodb, Created, DynamoDbStore, MemoryStore, PoolStore, Record, StoreError, Updated,
 };
 use semaphore::{config, Limits, Service};
 
-use semaphore_tests::counting::{Counters, CountingStore, HttpCounter};
+use semaphore_tests::counting::{Counters, CountingStore, HttpCounter, IN_RETURN};
+
+use crate::report::WriteTally;
 
 pub const TABLE: &str = "semaphore-bench";
 
@@ -50,6 +52,14 @@ impl Backend {
         matches!(self.store, Store::DynamoDb { .. })
     }
 
+    /// The same store with another simulated network delay.
+    pub fn with_latency(&self, added_latency: Duration) -> Backend {
+        Backend {
+            store: self.store.clone(),
+            added_latency,
+        }
+    }
+
     /// Creates the bench table if needed.
     pub async fn prepare(&self) -> Result<(), String> {
         if let Store::DynamoDb { endpoint } = &self.store {
@@ -61,7 +71,8 @@ impl Backend {
         Ok(())
     }
 
-    /// A store counted into `counters`.
+    /// A store counted into `counters`: for DynamoDB a client of its own
+    /// (its own connection pool, like one Lambda container).
     pub async fn store(&self, counters: &Arc<Counters>) -> Arc<dyn PoolStore> {
         let mut inner: Arc<dyn PoolStore> = match &self.store {
             Store::DynamoDb { endpoint } => {
@@ -88,9 +99,40 @@ impl Backend {
         Arc::new(CountingStore::new(inner, counters.clone()))
     }
 
-    pub async fn service(&self, counters: &Arc<Counters>, backoff: Backoff) -> Service {
-        Service::new(self.store(counters).await, Limits::default()).with_backoff(backoff)
+    /// A store counted into `counters` whose conditional writes are also
+    /// classified into `breakdown`.
+    pub async fn classified_store(
+        &self,
+        counters: &Arc<Counters>,
+        breakdown: &Arc<Breakdown>,
+    ) -> Arc<dyn PoolStore> {
+        Arc::new(Classified {
+            inner: self.store(counters).await,
+            breakdown: breakdown.clone(),
+        })
     }
+
+    /// A service of its own over a store of its own, counted into `counters`.
+    pub async fn service(
+        &self,
+        counters: &Arc<Counters>,
+        policy: Policy,
+        timing: Timing,
+        limits: Limits,
+    ) -> Service {
+        service_over(self.store(counters).await, policy, timing, limits)
+    }
+}
+
+pub fn service_over(
+    store: Arc<dyn PoolStore>,
+    policy: Policy,
+    timing: Timing,
+    limits: Limits,
+) -> Service {
+    Service::new(store, limits)
+        .with_timing(timing)
+        .with_policy(policy)
 }
 
 /// A store whose every call takes `2 × half` longer, the state read or written
@@ -111,25 +153,149 @@ impl Delayed {
 
 #[async_trait]
 impl PoolStore for Delayed {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Versioned>, StoreError> {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
         self.around(self.inner.load(key)).await
     }
 
-    async fn create(&self, key: &PoolKey, pool: &Pool) -> Result<Created, StoreError> {
-        self.around(self.inner.create(key, pool)).await
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        self.around(self.inner.create(key, record)).await
     }
 
-    async fn replace(
+    async fn update(
         &self,
         key: &PoolKey,
-        pool: &Pool,
-        expected: Version,
-    ) -> Result<Replaced, StoreError> {
-        self.around(self.inner.replace(key, pool, expected)).await
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        self.around(self.inner.update(key, incarnation, update))
+            .await
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
         self.around(self.inner.delete(key)).await
+    }
+}
+
+/// Conditional writes by kind and outcome: which writes collide, and on what.
+#[derive(Default)]
+pub struct Breakdown {
+    tally: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
+}
+
+impl Breakdown {
+    fn add(&self, kind: &'static str, outcome: &'static str) {
+        let mut tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        *tally.entry((kind, outcome)).or_default() += 1;
+    }
+
+    pub fn tallies(&self) -> Vec<WriteTally> {
+        let tally = self.tally.lock().unwrap_or_else(|e| e.into_inner());
+        tally
+            .iter()
+            .map(|(&(kind, outcome), &n)| WriteTally {
+                kind: kind.into(),
+                outcome: outcome.into(),
+                n,
+            })
+            .collect()
+    }
+}
+
+/// What a write is for, from its changes and conditions (pins added by the
+/// old policy do not change the kind).
+fn write_kind(update: &Update) -> &'static str {
+    let grant = update.changes.iter().find_map(|c| match c {
+        Change::Grant { digest, .. } => Some(*digest),
+        _ => None,
+    });
+    if let Some(digest) = grant {
+        // A waiter removes its own ticket in the write that takes its slot.
+        let own_ticket = update.changes.iter().any(|c| match c {
+            Change::RemoveTicket(index) => update.expect.iter().any(|e| {
+                matches!(e, Expect::TicketAt { index: i, ticket } if i == index && ticket.digest == digest)
+            }),
+            _ => false,
+        });
+        return if own_ticket {
+            "take (waiter)"
+        } else {
+            "take (newcomer)"
+        };
+    }
+    let has = |f: fn(&Change) -> bool| update.changes.iter().any(f);
+    if has(|c| matches!(c, Change::AppendTicket(_))) {
+        "join queue"
+    } else if has(|c| matches!(c, Change::SetCount(_))) {
+        "resize"
+    } else if has(|c| matches!(c, Change::RemoveLease { .. })) {
+        if IN_RETURN.try_with(|r| *r).unwrap_or(false) {
+            "return"
+        } else {
+            "prune leases"
+        }
+    } else if has(|c| matches!(c, Change::RemoveTicket(_))) {
+        "cancel or prune tickets"
+    } else {
+        "other"
+    }
+}
+
+/// The expectation that failed, by kind.
+fn expect_kind(expect: &Expect) -> &'static str {
+    match expect {
+        Expect::Count(_) => "lost: Count",
+        Expect::StoredBelow(_) => "lost: StoredBelow",
+        Expect::SlotFree(_) => "lost: SlotFree",
+        Expect::SlotHeldBy { .. } => "lost: SlotHeldBy",
+        Expect::LeaseAbsent(_) => "lost: LeaseAbsent",
+        Expect::QueueLen(_) => "lost: QueueLen",
+        Expect::QueueShorterThan(_) => "lost: QueueShorterThan",
+        Expect::TicketAt { .. } => "lost: TicketAt",
+    }
+}
+
+/// Classifies every conditional write into a [`Breakdown`]. A lost write's
+/// failed expectation is found by applying it to the record the failure
+/// handed back (the item as the condition saw it).
+struct Classified {
+    inner: Arc<dyn PoolStore>,
+    breakdown: Arc<Breakdown>,
+}
+
+#[async_trait]
+impl PoolStore for Classified {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        self.inner.load(key).await
+    }
+
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        self.inner.create(key, record).await
+    }
+
+    async fn update(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let kind = write_kind(update);
+        let outcome = self.inner.update(key, incarnation, update).await;
+        let how = match &outcome {
+            Ok(Updated::Written(_)) => "won",
+            Ok(Updated::Gone) => "lost: pool gone",
+            Ok(Updated::Lost(current)) if current.incarnation != incarnation => "lost: incarnation",
+            Ok(Updated::Lost(current)) => match current.pool.apply(update) {
+                Err(failed) => expect_kind(&failed.0),
+                Ok(_) => "lost: not reproduced",
+            },
+            Err(_) => "failed call",
+        };
+        self.breakdown.add(kind, how);
+        outcome
+    }
+
+    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
     }
 }
 

@@ -5,19 +5,21 @@ use std::time::Duration;
 
 use clap::builder::{PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
-use semaphore::service::Backoff;
+use semaphore::service::Timing;
 
 use crate::scenarios::Strategy;
 
 /// Measures the semaphore service on DynamoDB (Local) and on the in-memory
-/// store: DynamoDB calls and capacity per operation, contention goodput
-/// against a naive baseline, wake delay, polling rate and item sizes.
+/// store: DynamoDB calls and capacity per operation, contention goodput of
+/// the new write path against the old one and a naive baseline, fairness
+/// under saturation, read load of many waiters, wake delay, polling rate and
+/// item sizes.
 ///
 /// Prints Markdown tables; writes a JSON report and SVG plots.
 #[derive(Clone, Debug, PartialEq, Parser)]
 #[command(name = "bench")]
 pub struct Args {
-    /// smoke: CI, well under a minute; full: a few minutes.
+    /// smoke: CI, well under a minute; full: about 12 minutes.
     #[arg(long, value_enum, default_value_t = Profile::Full)]
     pub profile: Profile,
 
@@ -35,32 +37,45 @@ pub struct Args {
     #[arg(long, value_name = "URL", value_parser = http_url)]
     pub dynamodb: Option<String>,
 
-    /// Contention client counts, 1…512 [default: 1,4,16,64; smoke: 1,4,16].
+    /// Contention client counts, 1…512 [default: 1,4,16,64; smoke: 1,16].
     #[arg(long, value_name = "N,N,…", value_delimiter = ',', value_parser = clients)]
     pub clients: Option<Vec<usize>>,
 
-    /// Length of each contention run, 0.1…3600 s [default: 10; smoke: 1].
+    /// Length of each contention run, 0.1…3600 s [default: 6; smoke: 0.3].
     #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = seconds)]
     pub seconds: Option<f64>,
+
+    /// Length of each saturation run, 0.1…3600 s [default: 60; smoke: 1.5].
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = seconds)]
+    pub saturation_seconds: Option<f64>,
+
+    /// Waiter counts of the read-load runs, 1…5000 [default: 10,100,1000;
+    /// smoke: 10]. DynamoDB runs only those ≤ 100; memory runs all.
+    #[arg(long, value_name = "N,N,…", value_delimiter = ',', value_parser = waiters)]
+    pub waiters: Option<Vec<usize>>,
 
     /// How long a contention client holds each lease, 0…10000 ms (0: the worst case).
     #[arg(long = "hold-ms", value_name = "N", default_value = "0", allow_negative_numbers = true,
           value_parser = millis(10_000))]
     pub hold: Duration,
 
-    /// Add N ms, 0…1000, to every store call, as a network would.
-    #[arg(long = "latency-ms", value_name = "N", default_value = "0",
-          allow_negative_numbers = true, value_parser = millis(1_000))]
-    pub added_latency: Duration,
+    /// Simulated network delay per store call, 0…1000 ms each: every
+    /// contention row is run at each. The largest is also the delay of the
+    /// in-memory read-load runs.
+    #[arg(long = "latency-ms", value_name = "N,N,…", value_delimiter = ',',
+          default_values = ["0", "8"], allow_negative_numbers = true, value_parser = millis(1_000))]
+    pub latencies: Vec<Duration>,
 
-    /// The service's waiting backoff, first and cap in ms (1 ≤ FIRST ≤ CAP ≤ 10000).
-    #[arg(long = "backoff", value_name = "FIRST_MS,CAP_MS", value_parser = backoff,
-          help = backoff_help())]
-    backoff_ms: Option<Backoff>,
+    /// The service's poll interval for the head of the queue and its cap, in
+    /// ms (1 ≤ POLL ≤ CAP ≤ 10000).
+    #[arg(long = "poll", value_name = "POLL_MS,CAP_MS", value_parser = poll, help = poll_help())]
+    poll_ms: Option<(Duration, Duration)>,
 
-    /// Contention strategies.
-    #[arg(long, value_name = "LIST", value_delimiter = ',', default_values = ["ours", "naive"],
-          value_parser = strategy())]
+    /// Strategies: new (the product), old (whole-item writes, unfair
+    /// waiting), naive (re-read on conflict, 3 s sleep when full). Saturation
+    /// and read load run new and old only.
+    #[arg(long, value_name = "LIST", value_delimiter = ',',
+          default_values = ["new", "old", "naive"], value_parser = strategy())]
     pub strategies: Vec<Strategy>,
 
     /// Run only these sections [default: all].
@@ -72,7 +87,7 @@ pub struct Args {
           default_values = ["dynamodb", "memory"])]
     pub stores: Vec<StoreKind>,
 
-    /// Exit 1 if any target is not met.
+    /// Exit 1 if any measured target is not met.
     #[arg(long)]
     pub check: bool,
 }
@@ -96,6 +111,8 @@ impl Profile {
 pub enum Section {
     Operations,
     Contention,
+    Saturation,
+    Waiters,
     Wake,
     Polling,
     Items,
@@ -120,9 +137,36 @@ impl Args {
         self.stores.contains(&StoreKind::Memory)
     }
 
-    /// The service's default backoff, with `--backoff`'s first and cap.
-    pub fn backoff(&self) -> Backoff {
-        self.backoff_ms.unwrap_or_default()
+    /// The service's default timing, with `--poll`'s interval and cap.
+    pub fn timing(&self) -> Timing {
+        let mut timing = Timing::default();
+        if let Some((poll, cap)) = self.poll_ms {
+            timing.poll = poll;
+            timing.poll_cap = cap;
+        }
+        timing
+    }
+
+    /// The strategies run, in the order given, without repeats.
+    pub fn strategies(&self) -> Vec<Strategy> {
+        let mut out: Vec<Strategy> = Vec::new();
+        for s in &self.strategies {
+            if !out.contains(s) {
+                out.push(*s);
+            }
+        }
+        out
+    }
+
+    /// The contention latencies, without repeats, in the order given.
+    pub fn latencies(&self) -> Vec<Duration> {
+        let mut out: Vec<Duration> = Vec::new();
+        for l in &self.latencies {
+            if !out.contains(l) {
+                out.push(*l);
+            }
+        }
+        out
     }
 }
 
@@ -137,13 +181,13 @@ fn default_dir() -> PathBuf {
     workspace_root().join("target/bench")
 }
 
-fn backoff_help() -> String {
-    let default = Backoff::default();
+fn poll_help() -> String {
+    let default = Timing::default();
     format!(
-        "The service's waiting backoff, first and cap in ms, 1 ≤ FIRST ≤ CAP ≤ 10000 \
-         [default: {},{}]",
-        default.first.as_millis(),
-        default.cap.as_millis()
+        "The service's poll interval for the head of the queue and its cap, in ms, \
+         1 ≤ POLL ≤ CAP ≤ 10000 [default: {},{}]",
+        default.poll.as_millis(),
+        default.poll_cap.as_millis()
     )
 }
 
@@ -152,7 +196,7 @@ fn strategy() -> impl TypedValueParser<Value = Strategy> {
     PossibleValuesParser::new(Strategy::ALL.map(Strategy::name)).map(|name| {
         // PossibleValuesParser has checked the name.
         let known = Strategy::ALL.into_iter().find(|s| s.name() == name);
-        known.unwrap_or(Strategy::Ours)
+        known.unwrap_or(Strategy::New)
     })
 }
 
@@ -180,6 +224,14 @@ fn clients(raw: &str) -> Result<usize, String> {
         .ok_or("client counts must be 1…512".into())
 }
 
+fn waiters(raw: &str) -> Result<usize, String> {
+    raw.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| (1..=5000).contains(n))
+        .ok_or("waiter counts must be 1…5000".into())
+}
+
 fn seconds(raw: &str) -> Result<f64, String> {
     raw.parse::<f64>()
         .ok()
@@ -190,7 +242,8 @@ fn seconds(raw: &str) -> Result<f64, String> {
 /// Whole milliseconds, 0 to `max`.
 fn millis(max: u64) -> impl Fn(&str) -> Result<Duration, String> + Clone {
     move |raw| {
-        raw.parse::<u64>()
+        raw.trim()
+            .parse::<u64>()
             .ok()
             .filter(|ms| *ms <= max)
             .map(Duration::from_millis)
@@ -198,17 +251,13 @@ fn millis(max: u64) -> impl Fn(&str) -> Result<Duration, String> + Clone {
     }
 }
 
-fn backoff(raw: &str) -> Result<Backoff, String> {
+fn poll(raw: &str) -> Result<(Duration, Duration), String> {
     let (first, cap) = raw
         .split_once(',')
         .and_then(|(f, c)| Some((f.trim().parse::<u64>().ok()?, c.trim().parse::<u64>().ok()?)))
         .filter(|(f, c)| (1..=10_000).contains(f) && f <= c && *c <= 10_000)
-        .ok_or("must be FIRST_MS,CAP_MS with 1 ≤ FIRST ≤ CAP ≤ 10000")?;
-    Ok(Backoff {
-        first: Duration::from_millis(first),
-        cap: Duration::from_millis(cap),
-        ..Backoff::default()
-    })
+        .ok_or("must be POLL_MS,CAP_MS with 1 ≤ POLL ≤ CAP ≤ 10000")?;
+    Ok((Duration::from_millis(first), Duration::from_millis(cap)))
 }
 
 #[cfg(test)]
@@ -236,26 +285,31 @@ mod tests {
         assert_eq!(args.profile, Profile::Full);
         assert!(args.dynamodb.is_none());
         assert_eq!(args.out, default_dir().join("report.json"));
-        assert_eq!(args.backoff(), Backoff::default());
-        assert_eq!(args.strategies, [Strategy::Ours, Strategy::Naive]);
+        assert_eq!(args.timing(), Timing::default());
+        assert_eq!(
+            args.strategies(),
+            [Strategy::New, Strategy::Old, Strategy::Naive]
+        );
+        assert_eq!(args.latencies(), [Duration::ZERO, Duration::from_millis(8)]);
         assert!(args.dynamodb_store() && args.memory_store());
         assert!(args.only.is_empty() && args.runs(Section::Wake));
-        assert_eq!(
-            (args.hold, args.added_latency),
-            (Duration::ZERO, Duration::ZERO)
-        );
-        let args = run("--profile smoke --out r.json --svg-dir=plots --dynamodb http://127.0.0.1:8000 --clients 2,8 --seconds 0.5 --backoff 5,40 --check");
+        assert_eq!(args.hold, Duration::ZERO);
+        let args = run("--profile smoke --out r.json --svg-dir=plots --dynamodb http://127.0.0.1:8000 --clients 2,8 --seconds 0.5 --poll 5,40 --check --latency-ms 3 --waiters 7,70 --saturation-seconds 2");
         assert_eq!(args.profile, Profile::Smoke);
         assert_eq!(args.out, PathBuf::from("r.json"));
         assert_eq!(args.svg_dir, PathBuf::from("plots"));
         assert_eq!(args.clients, Some(vec![2, 8]));
         assert_eq!(args.seconds, Some(0.5));
-        assert_eq!(args.backoff().cap, Duration::from_millis(40));
+        assert_eq!(args.saturation_seconds, Some(2.0));
+        assert_eq!(args.waiters, Some(vec![7, 70]));
+        assert_eq!(args.timing().poll_cap, Duration::from_millis(40));
+        assert_eq!(args.latencies(), [Duration::from_millis(3)]);
         assert!(args.check);
-        let args = run("--stores memory --only wake,items --strategies naive --hold-ms 5");
+        let args =
+            run("--stores memory --only wake,items --strategies naive,new,naive --hold-ms 5");
         assert!(!args.dynamodb_store() && args.memory_store());
         assert!(args.runs(Section::Items) && !args.runs(Section::Contention));
-        assert_eq!(args.strategies, [Strategy::Naive]);
+        assert_eq!(args.strategies(), [Strategy::Naive, Strategy::New]);
         assert_eq!(args.hold, Duration::from_millis(5));
         let help = parse_str("--help").unwrap_err();
         assert_eq!(help.kind(), clap::error::ErrorKind::DisplayHelp);
@@ -271,12 +325,18 @@ mod tests {
             "--clients a,b",
             "--seconds -1",
             "--seconds NaN",
-            "--backoff 90,15",
-            "--backoff 5",
+            "--saturation-seconds 0",
+            "--waiters 0",
+            "--waiters 9999",
+            "--poll 90,15",
+            "--poll 5",
             "--only everything",
             "--stores redis",
             "--hold-ms -5",
-            "--strategies ours,best",
+            "--latency-ms 0,x",
+            "--latency-ms 2000",
+            "--strategies new,best",
+            "--strategies ours",
             "--dynamodb localhost:8000",
             "--out=",
         ] {

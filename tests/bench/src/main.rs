@@ -1,10 +1,13 @@
-//! Benchmark of the semaphore service (issue #5): DynamoDB cost and latency per
-//! operation, contention goodput against a naive baseline, wake delay, polling
-//! rate and item size. Markdown to stdout, JSON and SVG plots to files.
-//! Run `bench --help` for the options.
+//! Benchmark of the semaphore service (issues #5, #10, #13): DynamoDB cost
+//! and latency per operation; contention goodput of the new write path
+//! against the old one and a naive baseline; fairness under saturation; the
+//! read load of many waiters; wake delay, polling rate and item size.
+//! Markdown to stdout, JSON and SVG plots to files. Run `bench --help` for
+//! the options.
 
 mod backend;
 mod cli;
+mod fairness;
 mod naive;
 mod plot;
 mod report;
@@ -14,16 +17,18 @@ mod stats;
 use std::path::Path;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::Parser;
 use semaphore::service::now_ms;
 use semaphore::store::MemoryStore;
+use semaphore::Limits;
 
 use crate::backend::{Backend, LocalDynamoDb, Store};
 use crate::cli::{Args, Profile, Section};
+use crate::fairness::{ReadLoadSpec, SaturationSpec};
 use crate::report::{Meta, Report};
-use crate::scenarios::{Strategy, Trigger};
+use crate::scenarios::{Env, Strategy, Trigger};
 
 /// How much of everything a profile measures.
 struct Plan {
@@ -32,8 +37,18 @@ struct Plan {
     warmup_seconds: f64,
     clients: Vec<usize>,
     seconds: f64,
+    saturation_seconds: f64,
+    waiters: Vec<usize>,
+    /// DynamoDB read-load runs only up to this many waiters.
+    dynamodb_max_waiters: usize,
+    read_window: Duration,
+    read_gap: Duration,
+    max_returns: usize,
+    max_expiries: usize,
     wake_samples: usize,
     wake_lanes: usize,
+    /// The smoke profile measures wake and polling for the new policy only.
+    wake_old: bool,
     poll_seconds: f64,
 }
 
@@ -42,22 +57,38 @@ impl Plan {
         let mut plan = match args.profile {
             Profile::Smoke => Plan {
                 op_samples: 5,
-                warmup_samples: 5,
-                warmup_seconds: 0.5,
-                clients: vec![1, 4, 16],
-                seconds: 1.0,
-                wake_samples: 12,
+                warmup_samples: 3,
+                warmup_seconds: 0.3,
+                clients: vec![1, 16],
+                seconds: 0.3,
+                saturation_seconds: 1.5,
+                waiters: vec![10],
+                dynamodb_max_waiters: 10,
+                read_window: Duration::from_millis(500),
+                read_gap: Duration::from_millis(200),
+                max_returns: 2,
+                max_expiries: 1,
+                wake_samples: 8,
                 wake_lanes: 4,
-                poll_seconds: 1.0,
+                wake_old: false,
+                poll_seconds: 0.5,
             },
             Profile::Full => Plan {
                 op_samples: 50,
                 warmup_samples: 50,
                 warmup_seconds: 5.0,
                 clients: vec![1, 4, 16, 64],
-                seconds: 10.0,
-                wake_samples: 200,
+                seconds: 6.0,
+                saturation_seconds: 60.0,
+                waiters: vec![10, 100, 1000],
+                dynamodb_max_waiters: 100,
+                read_window: Duration::from_secs(4),
+                read_gap: Duration::from_millis(300),
+                max_returns: 15,
+                max_expiries: 8,
+                wake_samples: 120,
                 wake_lanes: 8,
+                wake_old: true,
                 poll_seconds: 5.0,
             },
         };
@@ -67,11 +98,29 @@ impl Plan {
         if let Some(seconds) = args.seconds {
             plan.seconds = seconds;
         }
+        if let Some(seconds) = args.saturation_seconds {
+            plan.saturation_seconds = seconds;
+        }
+        if let Some(waiters) = &args.waiters {
+            plan.waiters.clone_from(waiters);
+            plan.dynamodb_max_waiters = plan.dynamodb_max_waiters.max(100);
+        }
         plan
+    }
+
+    fn read_load(&self, waiters: usize) -> ReadLoadSpec {
+        ReadLoadSpec {
+            waiters,
+            window: self.read_window,
+            returns: self.max_returns.min(waiters / 2).max(1),
+            expiries: self.max_expiries.min(waiters / 4).max(1),
+            gap: self.read_gap,
+        }
     }
 }
 
-const ITEM_COUNTS: [u16; 4] = [1, 16, 100, 1000];
+/// Item shapes: (count, waiting tickets), all slots held.
+const ITEM_SHAPES: [(u16, usize); 6] = [(1, 0), (16, 0), (100, 0), (1000, 0), (4, 100), (4, 1000)];
 
 fn main() -> ExitCode {
     // Usage errors exit 2 and --help exits 0, both here.
@@ -133,95 +182,146 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
     let plan = Plan::new(args);
     let t0 = Instant::now();
     let started_unix_ms = now_ms();
-    let dynamodb = Backend {
-        store: Store::DynamoDb {
+    let timing = args.timing();
+    let strategies = args.strategies();
+    let latencies = args.latencies();
+    let env = |store: Store, latency: Duration| Env {
+        backend: Backend {
+            store,
+            added_latency: latency,
+        },
+        timing,
+        limits: Limits::default(),
+    };
+    let dynamodb = env(
+        Store::DynamoDb {
             endpoint: endpoint.to_string(),
         },
-        added_latency: args.added_latency,
-    };
-    let memory = Backend {
-        store: Store::Memory(Arc::new(MemoryStore::new())),
-        added_latency: args.added_latency,
-    };
-    let backoff = args.backoff();
+        Duration::ZERO,
+    );
+    let memory = env(Store::Memory(Arc::new(MemoryStore::new())), Duration::ZERO);
     if args.dynamodb_store() {
-        dynamodb.prepare().await?;
+        dynamodb.backend.prepare().await?;
         // DynamoDB Local is a JVM: its first requests are slow until the JIT warms up.
         progress("warming up DynamoDB");
-        scenarios::operations(&dynamodb, backoff, plan.warmup_samples).await?;
+        scenarios::operations(&dynamodb, plan.warmup_samples).await?;
         let warmup = plan.warmup_seconds;
-        scenarios::contention(&dynamodb, Strategy::Ours, 4, warmup, args.hold, backoff).await?;
+        for strategy in [Strategy::New, Strategy::Old] {
+            scenarios::contention(&dynamodb, strategy, 4, warmup, args.hold).await?;
+        }
     }
+    let with_latency = |env: &Env, latency: Duration| Env {
+        backend: env.backend.with_latency(latency),
+        ..env.clone()
+    };
+    let fair: Vec<Strategy> = strategies
+        .iter()
+        .copied()
+        .filter(|s| s.policy().is_some())
+        .collect();
+    let wake_strategies: Vec<Strategy> = fair
+        .iter()
+        .copied()
+        .filter(|s| plan.wake_old || *s == Strategy::New)
+        .collect();
+    let read_latency = latencies.iter().copied().max().unwrap_or_default();
 
     let mut operations = Vec::new();
     let mut contention = Vec::new();
+    let mut saturation = Vec::new();
+    let mut read_load = Vec::new();
     let mut wake = Vec::new();
     let mut polling = Vec::new();
-    let backends = [
+    let envs = [
         Some(&dynamodb).filter(|_| args.dynamodb_store()),
         Some(&memory).filter(|_| args.memory_store()),
     ];
-    for backend in backends.into_iter().flatten() {
+    let saturation_env = envs.iter().flatten().next().copied();
+    for env in envs.into_iter().flatten() {
+        let name = env.backend.name();
         if args.runs(Section::Operations) {
-            progress(&format!("{}: cost per operation", backend.name()));
-            operations.extend(scenarios::operations(backend, backoff, plan.op_samples).await?);
+            progress(&format!("{name}: cost per operation"));
+            operations.extend(scenarios::operations(env, plan.op_samples).await?);
         }
-        let clients = if args.runs(Section::Contention) {
-            &plan.clients[..]
-        } else {
-            &[]
-        };
-        for &clients in clients {
-            for &strategy in &args.strategies {
-                progress(&format!(
-                    "{}: contention, C={clients}, {}",
-                    backend.name(),
-                    strategy.name()
-                ));
-                contention.push(
-                    scenarios::contention(
-                        backend,
-                        strategy,
-                        clients,
-                        plan.seconds,
-                        args.hold,
-                        backoff,
-                    )
-                    .await?,
-                );
+        if args.runs(Section::Contention) {
+            for &latency in &latencies {
+                let delayed = with_latency(env, latency);
+                for &clients in &plan.clients {
+                    for &strategy in &strategies {
+                        progress(&format!(
+                            "{name}: contention, +{} ms, C={clients}, {}",
+                            latency.as_millis(),
+                            strategy.name()
+                        ));
+                        contention.push(
+                            scenarios::contention(
+                                &delayed,
+                                strategy,
+                                clients,
+                                plan.seconds,
+                                args.hold,
+                            )
+                            .await?,
+                        );
+                    }
+                }
             }
         }
-        let triggers = if args.runs(Section::Wake) {
-            &[Trigger::Return, Trigger::Expiry, Trigger::Raise][..]
-        } else {
-            &[]
-        };
-        for &trigger in triggers {
-            progress(&format!(
-                "{}: wake delay after {}",
-                backend.name(),
-                trigger.name()
-            ));
-            wake.push(
-                scenarios::wake(
-                    backend,
-                    trigger,
-                    plan.wake_samples,
-                    plan.wake_lanes,
-                    backoff,
-                )
-                .await?,
-            );
+        if args.runs(Section::Saturation) && saturation_env.is_some_and(|e| std::ptr::eq(e, env)) {
+            for &strategy in &fair {
+                progress(&format!(
+                    "{name}: saturation, {} s, {}",
+                    plan.saturation_seconds,
+                    strategy.name()
+                ));
+                let spec = SaturationSpec::issue_10(plan.saturation_seconds);
+                saturation.push(fairness::saturation(env, strategy, spec).await?);
+            }
+        }
+        if args.runs(Section::Waiters) {
+            let (delayed, max) = if env.backend.is_dynamodb() {
+                (env.clone(), plan.dynamodb_max_waiters)
+            } else {
+                (with_latency(env, read_latency), usize::MAX)
+            };
+            for &waiters in plan.waiters.iter().filter(|n| **n <= max) {
+                for &strategy in &fair {
+                    progress(&format!(
+                        "{name}: read load, {waiters} waiters, +{} ms, {}",
+                        delayed.backend.added_latency.as_millis(),
+                        strategy.name()
+                    ));
+                    let spec = plan.read_load(waiters);
+                    read_load.push(fairness::read_load(&delayed, strategy, spec).await?);
+                }
+            }
+        }
+        if args.runs(Section::Wake) {
+            for &strategy in &wake_strategies {
+                for trigger in [Trigger::Return, Trigger::Expiry, Trigger::Raise] {
+                    progress(&format!(
+                        "{name}: wake delay after {}, {}",
+                        trigger.name(),
+                        strategy.name()
+                    ));
+                    wake.push(
+                        scenarios::wake(env, strategy, trigger, plan.wake_samples, plan.wake_lanes)
+                            .await?,
+                    );
+                }
+            }
         }
         if args.runs(Section::Polling) {
-            progress(&format!("{}: polling rate", backend.name()));
-            polling.push(scenarios::polling(backend, plan.poll_seconds, backoff).await?);
+            for &strategy in &wake_strategies {
+                progress(&format!("{name}: polling rate, {}", strategy.name()));
+                polling.push(scenarios::polling(env, strategy, plan.poll_seconds).await?);
+            }
         }
     }
     let item_size = if args.runs(Section::Items) {
         progress("item sizes");
-        let measured = Some(&dynamodb).filter(|_| args.dynamodb_store());
-        scenarios::item_sizes(measured, &ITEM_COUNTS).await?
+        let measured = Some(&dynamodb.backend).filter(|_| args.dynamodb_store());
+        scenarios::item_sizes(measured, &ITEM_SHAPES).await?
     } else {
         Vec::new()
     };
@@ -234,22 +334,29 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
             started_unix_ms,
             elapsed_s: 0.0,
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-            backoff_first_ms: backoff.first.as_millis() as u64,
-            backoff_cap_ms: backoff.cap.as_millis() as u64,
+            poll_ms: timing.poll.as_millis() as u64,
+            poll_cap_ms: timing.poll_cap.as_millis() as u64,
+            strategies: strategies.iter().map(|s| s.name().to_string()).collect(),
             contention_count: scenarios::CONTENTION_COUNT,
             contention_seconds: plan.seconds,
             contention_hold_ms: args.hold.as_millis() as u64,
-            added_latency_ms: args.added_latency.as_millis() as u64,
+            contention_latencies_ms: latencies.iter().map(|l| l.as_millis() as u64).collect(),
+            saturation_seconds: plan.saturation_seconds,
+            read_load_memory_latency_ms: read_latency.as_millis() as u64,
             notes: notes(),
         },
         operations,
         contention,
+        cost: Vec::new(),
+        saturation,
+        read_load,
         wake,
         polling,
         item_size,
         targets: Vec::new(),
         plots: Vec::new(),
     };
+    report.derive_cost();
     report.evaluate_targets();
     report.meta.elapsed_s = stats::round3(t0.elapsed().as_secs_f64());
     write_outputs(args, &mut report)?;
@@ -265,14 +372,26 @@ fn notes() -> Vec<String> {
          of old and new item, failed conditional writes included; 1 RCU per started 4 KB of a strongly \
          consistent read. \"units reported\" = ConsumedCapacity returned by DynamoDB Local (read + write), \
          which a failed conditional write does not carry.",
-        "Latencies are against DynamoDB Local on this machine, sharing its CPUs with the clients: \
-         they show the service's waiting policy, not DynamoDB's network latency.",
+        "Strategies: new = the service as shipped (per-slot conditional UpdateItems, fair FIFO waiting); \
+         old = the same service with Policy { whole_item_writes: true, fair_waiting: false } (every write pinned \
+         to the whole pool as read, a nap and fresh read after every lost write, waiters polling 15→90 ms and \
+         racing newcomers); naive = the aws-samples Step Functions semaphore's way (whole-pool conditions, \
+         re-read after every conflict, fixed 3 s sleep when the pool is full).",
+        "+ms = simulated network delay added to every store call (half before, half after it).",
+        "Latencies are against DynamoDB Local or the in-memory store on this machine, sharing its CPUs with \
+         the clients: they show the service's policies, not DynamoDB's own latency.",
         "Wake delay runs from the moment the return (or count raise) call completed, or from the lease's \
          expiry instant, to the waiter's borrow call returning with a grant.",
-        "fairness = Jain's index over the clients' completed cycles: 1 when all got equal shares, \
-         1/C when one client got everything.",
-        "Naive = re-read after every conflict, fixed 3 s sleep when the pool is full (aws-samples Step \
-         Functions semaphore).",
+        "fairness / Jain = Jain's index over the clients' completed cycles (contention) or grants (saturation): \
+         1 when all got equal shares, 1/C when one client got everything.",
+        "Saturation: a grant is in order unless some borrower whose borrow call started before this grant's \
+         borrow call got its own grant later (a higher fence; fences rise in grant order). 409s are neither \
+         grants nor overtaken. The 10 ms slack variant ignores borrowers that started within 10 ms before. \
+         Ideal FIFO wait = (clients − count) ÷ grants per second: by Little's law the mean wait of this \
+         closed loop at the measured throughput, which a FIFO queue gives every borrower.",
+        "Read load: reads counted over a window once every waiter waits; then one slot is returned repeatedly \
+         (each return lets the head of the queue in) and the others expire one by one; wake = return call \
+         answered (or expiry instant) → next grant.",
     ]
     .into_iter()
     .map(String::from)

@@ -1,15 +1,19 @@
-//! The baseline: the same domain and store, driven the naive way — re-read
-//! after every conflict (ignoring the record the conflict handed back) and, when
-//! the pool is full, sleep a fixed 3 s before trying again, as the aws-samples
-//! Step Functions semaphore does.
+//! The baseline: the aws-samples Step Functions semaphore's way, on the same
+//! domain and store. Every write is pinned to the whole pool as read
+//! ([`Pool::pins`], the equivalent of a version check), a lost write is
+//! followed by a fresh read (the record it handed back is ignored), and a
+//! borrower that finds the pool full sleeps a fixed 3 s before reading again.
+//! No queue: whoever reads and writes first after a slot frees gets it.
+//!
+//! [`Pool::pins`]: semaphore::domain::Pool::pins
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use semaphore::domain::{Exhausted, LeaseDigest};
+use semaphore::domain::{BorrowPlan, Lease, Pool, Update};
 use semaphore::keys::{LeaseId, PoolKey};
 use semaphore::service::now_ms;
-use semaphore::store::{PoolStore, Replaced, StoreError, StoreErrorKind};
+use semaphore::store::{PoolStore, StoreError, StoreErrorKind, Updated};
 
 pub const FULL_SLEEP: Duration = Duration::from_secs(3);
 
@@ -21,49 +25,63 @@ fn gone() -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, "pool vanished")
 }
 
+/// `update`, also conditioned on every part of `pool` as read.
+fn pinned(update: Update, pool: &Pool) -> Update {
+    let mut all = update;
+    all.expect.extend(pool.pins());
+    all
+}
+
 impl Naive {
-    /// A lease digest, or `None` if `give_up` passed while the pool was full.
+    /// The granted lease, or `None` if `give_up` passed while the pool was full.
     pub async fn borrow(
         &self,
         key: &PoolKey,
         ttl_ms: u64,
         give_up: Instant,
-    ) -> Result<Option<LeaseDigest>, StoreError> {
+    ) -> Result<Option<Lease>, StoreError> {
         let digest = LeaseId::new_random().digest();
         loop {
-            let current = self.store.load(key).await?.ok_or_else(gone)?;
-            let mut pool = current.pool.clone();
+            let record = self.store.load(key).await?.ok_or_else(gone)?;
             let now = now_ms();
-            match pool.borrow(digest, now + ttl_ms, now) {
-                Ok(_) => match self.store.replace(key, &pool, current.version).await? {
-                    Replaced::Replaced(_) => return Ok(Some(digest)),
-                    Replaced::Conflict(_) => continue,
-                },
-                Err(Exhausted) => {
+            let update = match record.pool.plan_borrow(digest, now + ttl_ms, now, None) {
+                BorrowPlan::Held(lease) => return Ok(Some(lease)),
+                BorrowPlan::Take { update, .. } | BorrowPlan::Prune(update) => update,
+                BorrowPlan::Wait { .. } => {
                     let left = give_up.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Ok(None);
                     }
                     tokio::time::sleep(FULL_SLEEP.min(left)).await;
+                    continue;
                 }
+            };
+            let update = pinned(update, &record.pool);
+            match self.store.update(key, record.incarnation, &update).await? {
+                Updated::Written(now_stored) => {
+                    if let Some(lease) = now_stored.pool.live_lease(digest, now_ms()) {
+                        return Ok(Some(*lease));
+                    }
+                    // A prune landed: read and plan again.
+                }
+                Updated::Lost(_) => {}
+                Updated::Gone => return Err(gone()),
             }
         }
     }
 
-    pub async fn return_lease(
-        &self,
-        key: &PoolKey,
-        digest: LeaseDigest,
-    ) -> Result<bool, StoreError> {
+    /// Whether a live lease was freed.
+    pub async fn return_lease(&self, key: &PoolKey, lease: &Lease) -> Result<bool, StoreError> {
         loop {
-            let current = self.store.load(key).await?.ok_or_else(gone)?;
-            let mut pool = current.pool.clone();
-            if !pool.return_lease(digest, now_ms()) {
+            let record = self.store.load(key).await?.ok_or_else(gone)?;
+            let Some((_, update)) = record.pool.plan_return(lease.digest, now_ms()) else {
                 return Ok(false);
-            }
-            match self.store.replace(key, &pool, current.version).await? {
-                Replaced::Replaced(_) => return Ok(true),
-                Replaced::Conflict(_) => continue,
+            };
+            let update = pinned(update, &record.pool);
+            match self.store.update(key, record.incarnation, &update).await? {
+                Updated::Written(_) => return Ok(true),
+                Updated::Lost(_) => {}
+                Updated::Gone => return Err(gone()),
             }
         }
     }

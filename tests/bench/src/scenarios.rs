@@ -4,48 +4,145 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use semaphore::domain::{LeaseDigest, Pool};
+use semaphore::domain::{BorrowPlan, JoinPlan, Lease, Pool, Ticket};
 use semaphore::keys::{LeaseId, PoolId};
-use semaphore::service::{now_ms, Backoff, BorrowRequest};
-use semaphore::{Error, Service};
+use semaphore::service::{now_ms, BorrowRequest, Call, Grant, Policy, Timing};
+use semaphore::store::Record;
+use semaphore::{Error, Limits, Service};
 use semaphore_tests::rng::Rng;
 use uuid::Uuid;
 
-use crate::backend::Backend;
+use crate::backend::{service_over, Backend, Breakdown};
 use crate::naive::Naive;
 use crate::report::{ContentionRow, ItemRow, OpRow, PollRow, WakeRow};
-use crate::stats::{round3, summarize};
+use crate::stats::{jain, round3, summarize};
 use semaphore_tests::counting::{
     pool_item_size, read_units, write_units, Counters, Snapshot, IN_RETURN,
 };
 
 /// Long enough that no lease of a run expires by accident.
-const LONG_TTL_MS: u64 = 60_000;
-/// The pool size of the contention runs (issue #5).
+pub const LONG_TTL_MS: u64 = 60_000;
+/// The pool size of the contention runs (issues #5 and #13).
 pub const CONTENTION_COUNT: u16 = 4;
 
-fn ms(since: Instant) -> f64 {
+pub fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
 }
 
-fn new_pool() -> PoolId {
+pub fn new_pool() -> PoolId {
     PoolId(Uuid::new_v4())
 }
 
-fn seed() -> u64 {
+pub fn seed() -> u64 {
     Uuid::new_v4().as_u64_pair().0
 }
 
-fn fail(what: &str) -> impl Fn(Error) -> String + '_ {
+pub fn fail(what: &str) -> impl Fn(Error) -> String + '_ {
     move |e| format!("{what}: {e}")
 }
 
-fn per(total: u64, n: usize) -> f64 {
+pub fn per(total: u64, n: usize) -> f64 {
     round3(total as f64 / n.max(1) as f64)
 }
 
-fn units(milli: u64, n: usize) -> f64 {
+pub fn units(milli: u64, n: usize) -> f64 {
     round3(milli as f64 / 1000.0 / n.max(1) as f64)
+}
+
+pub fn wall_us() -> u128 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros())
+        .unwrap_or(0)
+}
+
+/// A request with no Lambda deadline, as the local server makes.
+pub fn call() -> Call {
+    Call::new(None)
+}
+
+pub fn request(ttl_ms: u64, wait_ms: u64) -> BorrowRequest {
+    BorrowRequest {
+        ttl_ms,
+        wait_ms,
+        lease: None,
+    }
+}
+
+/// What is compared: the service with one of its policies, or the baseline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// The service as shipped: per-slot conditional updates, fair waiting.
+    New,
+    /// The service with the replaced design's policy: whole-item
+    /// conditions, a nap and fresh read after every lost write, waiters
+    /// polling 15→90 ms and racing newcomers.
+    Old,
+    /// [`Naive`]: whole-item conditions, re-read after every conflict,
+    /// fixed 3 s sleep when full.
+    Naive,
+}
+
+impl Strategy {
+    pub const ALL: [Strategy; 3] = [Strategy::New, Strategy::Old, Strategy::Naive];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Strategy::New => "new",
+            Strategy::Old => "old",
+            Strategy::Naive => "naive",
+        }
+    }
+
+    /// The service policy, for the two that are the service.
+    pub fn policy(self) -> Option<Policy> {
+        match self {
+            Strategy::New => Some(Policy::default()),
+            Strategy::Old => Some(Policy {
+                whole_item_writes: true,
+                fair_waiting: false,
+            }),
+            Strategy::Naive => None,
+        }
+    }
+}
+
+/// Builds services (or the naive baseline) for one backend and timing.
+#[derive(Clone)]
+pub struct Env {
+    pub backend: Backend,
+    pub timing: Timing,
+    pub limits: Limits,
+}
+
+impl Env {
+    pub async fn service(&self, counters: &Arc<Counters>, policy: Policy) -> Service {
+        self.backend
+            .service(counters, policy, self.timing, self.limits)
+            .await
+    }
+
+    /// A service of the default policy whose calls nobody counts: set-up
+    /// and tear-down.
+    pub async fn setup(&self) -> Service {
+        self.service(&Arc::new(Counters::default()), Policy::default())
+            .await
+    }
+
+    /// A client of `strategy` whose writes are counted into `counters` and
+    /// classified into `breakdown`.
+    pub async fn worker(
+        &self,
+        counters: &Arc<Counters>,
+        breakdown: &Arc<Breakdown>,
+        strategy: Strategy,
+    ) -> Worker {
+        let store = self.backend.classified_store(counters, breakdown).await;
+        match strategy.policy() {
+            Some(policy) => Worker::Service(service_over(store, policy, self.timing, self.limits)),
+            None => Worker::Naive(Naive { store }),
+        }
+    }
 }
 
 /// Accumulates counter deltas and latencies per named operation, in order.
@@ -75,7 +172,7 @@ impl Recorder {
     }
 }
 
-fn add(a: &Snapshot, b: &Snapshot) -> Snapshot {
+pub fn add(a: &Snapshot, b: &Snapshot) -> Snapshot {
     Snapshot {
         http_get: a.http_get + b.http_get,
         http_put: a.http_put + b.http_put,
@@ -92,53 +189,49 @@ fn add(a: &Snapshot, b: &Snapshot) -> Snapshot {
     }
 }
 
-/// Every route once per sample, uncontended, one client.
-pub async fn operations(
-    backend: &Backend,
-    backoff: Backoff,
-    samples: usize,
-) -> Result<Vec<OpRow>, String> {
+/// Every route once per sample, uncontended, one client of the default policy.
+pub async fn operations(env: &Env, samples: usize) -> Result<Vec<OpRow>, String> {
     let counters = Arc::new(Counters::default());
-    let service = backend.service(&counters, backoff).await;
+    let service = env.service(&counters, Policy::default()).await;
     let mut rec = Recorder {
         counters: counters.clone(),
         rows: Vec::new(),
     };
-    let free = BorrowRequest {
-        ttl_ms: LONG_TTL_MS,
-        wait_ms: 0,
-    };
+    let free = request(LONG_TTL_MS, 0);
     for _ in 0..samples {
         let id = new_pool();
         let t = rec.start();
         service
-            .register(id, 1, None)
+            .register(id, 1, &mut call())
             .await
             .map_err(fail("register"))?;
         rec.stop("register (new pool)", t);
         let t = rec.start();
         service
-            .register(id, 1, None)
+            .register(id, 1, &mut call())
             .await
             .map_err(fail("register"))?;
         rec.stop("register (existing, same count)", t);
         let t = rec.start();
         let grant = service
-            .borrow(id, free, None)
+            .borrow(id, free, &mut call())
             .await
             .map_err(fail("borrow"))?;
         rec.stop("borrow (free slot)", t);
         let t = rec.start();
-        match service.borrow(id, free, None).await {
+        match service.borrow(id, free, &mut call()).await {
             Err(Error::Exhausted) => rec.stop("borrow (pool full, wait 0)", t),
             other => return Err(format!("borrow on a full pool gave {other:?}")),
         }
         let t = rec.start();
-        service.inspect(id).await.map_err(fail("inspect"))?;
+        service
+            .inspect(id, &mut call())
+            .await
+            .map_err(fail("inspect"))?;
         rec.stop("inspect", t);
         let t = rec.start();
         let returned = service
-            .return_lease(id, grant.lease, None)
+            .return_lease(id, grant.lease, &mut call())
             .await
             .map_err(fail("return"))?;
         rec.stop("return", t);
@@ -147,33 +240,36 @@ pub async fn operations(
         }
         let t = rec.start();
         service
-            .return_lease(id, grant.lease, None)
+            .return_lease(id, grant.lease, &mut call())
             .await
             .map_err(fail("return"))?;
         rec.stop("return (already returned)", t);
         let t = rec.start();
         service
-            .register(id, 2, None)
+            .register(id, 2, &mut call())
             .await
             .map_err(fail("register"))?;
         rec.stop("register (existing, new count)", t);
         let t = rec.start();
-        service.delete(id).await.map_err(fail("delete"))?;
+        service
+            .delete(id, &mut call())
+            .await
+            .map_err(fail("delete"))?;
         rec.stop("delete", t);
     }
-    let reported = backend.is_dynamodb();
+    let reported = env.backend.is_dynamodb();
     Ok(rec
         .rows
         .into_iter()
         .map(|(name, s, latencies)| {
             let n = latencies.len();
             OpRow {
-                backend: backend.name().into(),
+                backend: env.backend.name().into(),
                 operation: name.into(),
                 samples: n,
                 calls: per(s.calls(), n),
                 get_item: per(if reported { s.http_get } else { s.loads }, n),
-                put_item: per(if reported { s.http_put } else { s.writes }, n),
+                update_item: per(if reported { s.http_put } else { s.writes }, n),
                 delete_item: per(if reported { s.http_delete } else { s.deletes }, n),
                 conditional_failures: per(s.conflicts, n),
                 model_wcu: units(s.model_wcu_milli, n),
@@ -185,25 +281,6 @@ pub async fn operations(
         .collect())
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Strategy {
-    /// The shared `Service`.
-    Ours,
-    /// [`Naive`]: re-read on conflict, fixed 3 s sleep when full.
-    Naive,
-}
-
-impl Strategy {
-    pub const ALL: [Strategy; 2] = [Strategy::Ours, Strategy::Naive];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Strategy::Ours => "ours",
-            Strategy::Naive => "naive",
-        }
-    }
-}
-
 #[derive(Default)]
 struct ClientTally {
     cycles: u64,
@@ -212,52 +289,68 @@ struct ClientTally {
     borrow_ms: Vec<f64>,
 }
 
-enum Worker {
-    Ours(Service),
+/// One client: a service of one policy, or the naive baseline.
+pub enum Worker {
+    Service(Service),
     Naive(Naive),
 }
 
 /// What a worker holds between its borrow and its return.
-enum Held {
+pub enum Held {
     Lease(LeaseId),
-    Digest(LeaseDigest),
+    Naive(Lease),
+}
+
+/// A granted borrow: what to return, and its fence (grant order).
+pub struct Granted {
+    pub held: Held,
+    pub fence: u64,
 }
 
 impl Worker {
-    /// `Ok(None)` when `end` passed while waiting.
-    async fn borrow(&self, id: PoolId, end: Instant) -> Result<Option<Held>, String> {
-        let key = id.key();
-        let held = match self {
-            Worker::Ours(service) => {
-                let wait_ms = end.saturating_duration_since(Instant::now()).as_millis() as u64;
-                let request = BorrowRequest {
-                    ttl_ms: LONG_TTL_MS,
-                    wait_ms: wait_ms.max(1),
-                };
-                match service.borrow(id, request, None).await {
-                    Ok(grant) => Some(Held::Lease(grant.lease)),
-                    Err(Error::Exhausted) => None,
-                    Err(e) => return Err(e.to_string()),
+    /// `Ok(None)`: no slot within `wait_ms` (a 409).
+    pub async fn borrow(
+        &self,
+        id: PoolId,
+        ttl_ms: u64,
+        wait_ms: u64,
+    ) -> Result<Option<Granted>, String> {
+        match self {
+            Worker::Service(service) => {
+                match service
+                    .borrow(id, request(ttl_ms, wait_ms), &mut call())
+                    .await
+                {
+                    Ok(Grant { lease, fence, .. }) => Ok(Some(Granted {
+                        held: Held::Lease(lease),
+                        fence,
+                    })),
+                    Err(Error::Exhausted) => Ok(None),
+                    Err(e) => Err(e.to_string()),
                 }
             }
-            Worker::Naive(naive) => naive
-                .borrow(&key, LONG_TTL_MS, end)
-                .await
-                .map_err(|e| e.to_string())?
-                .map(Held::Digest),
-        };
-        Ok(held)
+            Worker::Naive(naive) => {
+                let give_up = Instant::now() + Duration::from_millis(wait_ms);
+                let lease = naive
+                    .borrow(&id.key(), ttl_ms, give_up)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok(lease.map(|lease| Granted {
+                    held: Held::Naive(lease),
+                    fence: lease.fence,
+                }))
+            }
+        }
     }
 
-    async fn give_back(&self, id: PoolId, held: Held) -> Result<bool, String> {
-        let key = id.key();
+    pub async fn give_back(&self, id: PoolId, held: Held) -> Result<bool, String> {
         match (self, held) {
-            (Worker::Ours(service), Held::Lease(lease)) => service
-                .return_lease(id, lease, None)
+            (Worker::Service(service), Held::Lease(lease)) => service
+                .return_lease(id, lease, &mut call())
                 .await
                 .map_err(|e| e.to_string()),
-            (Worker::Naive(naive), Held::Digest(digest)) => naive
-                .return_lease(&key, digest)
+            (Worker::Naive(naive), Held::Naive(lease)) => naive
+                .return_lease(&id.key(), &lease)
                 .await
                 .map_err(|e| e.to_string()),
             _ => Err("a lease of another strategy".into()),
@@ -268,8 +361,9 @@ impl Worker {
     /// (a live lease that would not return), which ends the run.
     async fn cycle(&self, id: PoolId, end: Instant, hold: Duration) -> Result<Outcome, String> {
         let t0 = Instant::now();
-        let held = match self.borrow(id, end).await {
-            Ok(Some(held)) => held,
+        let wait_ms = end.saturating_duration_since(t0).as_millis() as u64;
+        let granted = match self.borrow(id, LONG_TTL_MS, wait_ms.max(1)).await {
+            Ok(Some(granted)) => granted,
             Ok(None) => return Ok(Outcome::TimedOut),
             Err(e) => return Ok(Outcome::Failed(format!("borrow: {e}"))),
         };
@@ -278,7 +372,10 @@ impl Worker {
             // Even a zero sleep waits for the timer's next millisecond tick.
             tokio::time::sleep(hold).await;
         }
-        match IN_RETURN.scope(true, self.give_back(id, held)).await {
+        match IN_RETURN
+            .scope(true, self.give_back(id, granted.held))
+            .await
+        {
             Ok(true) => Ok(Outcome::Cycle(latency)),
             Ok(false) => Err("a live lease did not return: the semaphore is broken".into()),
             Err(e) => Ok(Outcome::Failed(format!("return: {e}"))),
@@ -295,36 +392,40 @@ enum Outcome {
     Failed(String),
 }
 
-/// `clients` clients cycling borrow(wait) → hold → return on one pool of count 4.
+/// `clients` clients cycling borrow(wait = rest of the run) → hold → return
+/// on one pool of count 4, each with its own service and store client.
 pub async fn contention(
-    backend: &Backend,
+    env: &Env,
     strategy: Strategy,
     clients: usize,
     seconds: f64,
     hold: Duration,
-    backoff: Backoff,
 ) -> Result<ContentionRow, String> {
-    let setup = backend
-        .service(&Arc::new(Counters::default()), backoff)
-        .await;
+    let setup = env.setup().await;
     let id = new_pool();
     setup
-        .register(id, CONTENTION_COUNT, None)
+        .register(id, CONTENTION_COUNT, &mut call())
         .await
         .map_err(fail("register"))?;
     let counters = Arc::new(Counters::default());
+    let breakdown = Arc::new(Breakdown::default());
     let mut workers = Vec::with_capacity(clients);
     for _ in 0..clients {
-        workers.push(match strategy {
-            Strategy::Ours => Worker::Ours(backend.service(&counters, backoff).await),
-            Strategy::Naive => Worker::Naive(Naive {
-                store: backend.store(&counters).await,
-            }),
-        });
+        workers.push(env.worker(&counters, &breakdown, strategy).await);
     }
     let before = counters.snapshot();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
+    // Steady state: the counters as the run ends, before the borrows still
+    // waiting then give up (they all would at once, cancelling together).
+    let at_end = {
+        let counters = counters.clone();
+        let breakdown = breakdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until(end.into()).await;
+            (counters.snapshot(), breakdown.tallies())
+        })
+    };
     let tasks: Vec<_> = workers
         .into_iter()
         .map(|worker| {
@@ -332,10 +433,12 @@ pub async fn contention(
                 let mut tally = ClientTally::default();
                 while Instant::now() < end {
                     match worker.cycle(id, end, hold).await? {
-                        Outcome::Cycle(latency) => {
+                        // Only cycles finished within the run count.
+                        Outcome::Cycle(latency) if Instant::now() <= end => {
                             tally.cycles += 1;
                             tally.borrow_ms.push(latency);
                         }
+                        Outcome::Cycle(_) => {}
                         Outcome::TimedOut => tally.timeouts += 1,
                         Outcome::Failed(e) => {
                             tally.errors.push(e);
@@ -361,15 +464,19 @@ pub async fn contention(
         total.errors.extend(tally.errors);
         total.borrow_ms.extend(tally.borrow_ms);
     }
-    let elapsed = start.elapsed().as_secs_f64();
-    let s = counters.snapshot().since(&before);
-    let _ = setup.delete(id).await;
+    let (snapshot, writes_by_kind) = at_end.await.map_err(|e| format!("snapshot task: {e}"))?;
+    let elapsed = seconds;
+    let s = snapshot.since(&before);
+    let _ = setup.delete(id, &mut call()).await;
     let attempts = s.write_attempts();
     let successes = s.writes.saturating_sub(s.conflicts);
     let cycles = total.cycles as usize;
+    let wcu = units(s.model_wcu_milli, cycles);
+    let rcu = units(s.model_rcu_milli, cycles);
     Ok(ContentionRow {
-        backend: backend.name().into(),
+        backend: env.backend.name().into(),
         strategy: strategy.name().into(),
+        latency_ms: env.backend.added_latency.as_millis() as u64,
         clients,
         count: CONTENTION_COUNT,
         hold_ms: hold.as_millis() as u64,
@@ -382,10 +489,12 @@ pub async fn contention(
         successes_per_attempt: round3(successes as f64 / attempts.max(1) as f64),
         borrow_conflicts_per_cycle: per(s.conflicts - s.return_conflicts, cycles),
         return_conflicts_per_cycle: per(s.return_conflicts, cycles),
-        attempts_per_success: round3(attempts as f64 / successes.max(1) as f64),
+        attempts_per_cycle: per(attempts, cycles),
         calls_per_cycle: per(s.calls(), cycles),
         reads_per_cycle: per(s.reads(), cycles),
-        model_wcu_per_cycle: units(s.model_wcu_milli, cycles),
+        model_wcu_per_cycle: wcu,
+        model_rcu_per_cycle: rcu,
+        usd_per_million_cycles: crate::report::usd_per_million(wcu, rcu),
         sdk_retries: s.http_total().saturating_sub(s.store_calls()),
         fairness: round3(jain(&per_client)),
         starved_clients: per_client.iter().filter(|c| **c == 0.0).count(),
@@ -393,18 +502,8 @@ pub async fn contention(
         errors: total.errors.len() as u64,
         first_error: total.errors.first().cloned(),
         borrow: summarize(&total.borrow_ms),
+        writes_by_kind,
     })
-}
-
-/// Jain's fairness index of per-client cycles: 1 when all got the same,
-/// 1/n when one client got everything.
-fn jain(xs: &[f64]) -> f64 {
-    let sum: f64 = xs.iter().sum();
-    let squares: f64 = xs.iter().map(|x| x * x).sum();
-    if squares == 0.0 {
-        return 0.0;
-    }
-    sum * sum / (xs.len() as f64 * squares)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -424,13 +523,6 @@ impl Trigger {
     }
 }
 
-fn wall_us() -> u128 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros())
-        .unwrap_or(0)
-}
-
 /// One holder, one waiter on a pool of count 1; the time from the slot
 /// freeing up to the waiter's grant (its borrow call returning).
 async fn wake_sample(
@@ -441,7 +533,7 @@ async fn wake_sample(
 ) -> Result<f64, String> {
     let id = new_pool();
     holder
-        .register(id, 1, None)
+        .register(id, 1, &mut call())
         .await
         .map_err(fail("register"))?;
     let hold_ttl = match trigger {
@@ -450,47 +542,41 @@ async fn wake_sample(
         _ => LONG_TTL_MS,
     };
     let held = holder
-        .borrow(
-            id,
-            BorrowRequest {
-                ttl_ms: hold_ttl,
-                wait_ms: 0,
-            },
-            None,
-        )
+        .borrow(id, request(hold_ttl, 0), &mut call())
         .await
         .map_err(fail("holder borrow"))?;
     let waiter = waiter.clone();
     let waiting = tokio::spawn(async move {
-        let request = BorrowRequest {
-            ttl_ms: LONG_TTL_MS,
-            wait_ms: 10_000,
-        };
-        let result = waiter.borrow(id, request, None).await;
+        let result = waiter
+            .borrow(id, request(LONG_TTL_MS, 10_000), &mut call())
+            .await;
         (result, Instant::now(), wall_us())
     });
-    // Past the first backoff steps, so the freeing lands in steady-state polling
-    // at a random phase.
+    // Past the first polls, so the freeing lands in steady-state polling at
+    // a random phase.
     let nap = Duration::from_millis(rng.range(150, 450));
     let freed = match trigger {
         Trigger::Return => {
             tokio::time::sleep(nap).await;
             holder
-                .return_lease(id, held.lease, None)
+                .return_lease(id, held.lease, &mut call())
                 .await
                 .map_err(fail("return"))?;
             Some(Instant::now())
         }
         Trigger::Raise => {
             tokio::time::sleep(nap).await;
-            holder.register(id, 2, None).await.map_err(fail("raise"))?;
+            holder
+                .register(id, 2, &mut call())
+                .await
+                .map_err(fail("raise"))?;
             Some(Instant::now())
         }
         Trigger::Expiry => None,
     };
     let (result, granted, granted_wall_us) =
         waiting.await.map_err(|e| format!("waiter task: {e}"))?;
-    let _ = holder.delete(id).await;
+    let _ = holder.delete(id, &mut call()).await;
     result.map_err(fail("waiter borrow"))?;
     Ok(match freed {
         Some(freed) => granted.saturating_duration_since(freed).as_secs_f64() * 1000.0,
@@ -503,18 +589,21 @@ async fn wake_sample(
 
 /// Wake delays after `trigger`, measured on `lanes` independent pools at once.
 pub async fn wake(
-    backend: &Backend,
+    env: &Env,
+    strategy: Strategy,
     trigger: Trigger,
     samples: usize,
     lanes: usize,
-    backoff: Backoff,
 ) -> Result<WakeRow, String> {
+    let policy = strategy
+        .policy()
+        .ok_or("wake delay is measured for the service's policies only")?;
     let lanes = lanes.clamp(1, samples.max(1));
     let mut tasks = Vec::with_capacity(lanes);
     for lane in 0..lanes {
         let counters = Arc::new(Counters::default());
-        let holder = backend.service(&counters, backoff).await;
-        let waiter = Arc::new(backend.service(&counters, backoff).await);
+        let holder = env.service(&counters, policy).await;
+        let waiter = Arc::new(env.service(&counters, policy).await);
         // Spread the remainder over the first lanes.
         let n = samples / lanes + usize::from(lane < samples % lanes);
         let mut rng = Rng::new(seed());
@@ -531,85 +620,98 @@ pub async fn wake(
         delays.extend(task.await.map_err(|e| format!("wake lane: {e}"))??);
     }
     Ok(WakeRow {
-        backend: backend.name().into(),
+        backend: env.backend.name().into(),
+        strategy: strategy.name().into(),
         trigger: trigger.name().into(),
         delay: summarize(&delays),
         delays_ms: delays.iter().map(|d| round3(*d)).collect(),
     })
 }
 
-/// Reads a waiter spends per second while nothing frees up.
-pub async fn polling(backend: &Backend, seconds: f64, backoff: Backoff) -> Result<PollRow, String> {
-    let holder = backend
-        .service(&Arc::new(Counters::default()), backoff)
-        .await;
+/// Reads (and writes) one waiter spends per second while nothing frees up.
+pub async fn polling(env: &Env, strategy: Strategy, seconds: f64) -> Result<PollRow, String> {
+    let policy = strategy
+        .policy()
+        .ok_or("polling is measured for the service's policies only")?;
+    let holder = env.setup().await;
     let counters = Arc::new(Counters::default());
-    let waiter = backend.service(&counters, backoff).await;
+    let waiter = env.service(&counters, policy).await;
     let id = new_pool();
     holder
-        .register(id, 1, None)
+        .register(id, 1, &mut call())
         .await
         .map_err(fail("register"))?;
     holder
-        .borrow(
-            id,
-            BorrowRequest {
-                ttl_ms: LONG_TTL_MS,
-                wait_ms: 0,
-            },
-            None,
-        )
+        .borrow(id, request(LONG_TTL_MS, 0), &mut call())
         .await
         .map_err(fail("holder borrow"))?;
     let t0 = Instant::now();
     let outcome = waiter
         .borrow(
             id,
-            BorrowRequest {
-                ttl_ms: LONG_TTL_MS,
-                wait_ms: (seconds * 1000.0) as u64,
-            },
-            None,
+            request(LONG_TTL_MS, (seconds * 1000.0) as u64),
+            &mut call(),
         )
         .await;
     let elapsed = t0.elapsed().as_secs_f64();
-    let _ = holder.delete(id).await;
+    let _ = holder.delete(id, &mut call()).await;
     match outcome {
         Err(Error::Exhausted) => {}
         other => return Err(format!("a waiter on a full pool got {other:?}")),
     }
-    let reads = counters.snapshot().reads();
+    let s = counters.snapshot();
+    let reads = s.reads();
     Ok(PollRow {
-        backend: backend.name().into(),
+        backend: env.backend.name().into(),
+        strategy: strategy.name().into(),
         seconds: round3(elapsed),
         reads,
+        writes: s.write_attempts(),
         reads_per_s: round3(reads as f64 / elapsed),
     })
 }
 
-/// A pool with every slot held by a distinct live lease.
-fn full_pool(count: u16) -> Pool {
-    let mut pool = Pool::new(count);
+/// A pool with every slot held by a distinct live lease and `waiting`
+/// tickets queued.
+pub fn full_pool(count: u16, waiting: usize) -> Result<Pool, String> {
     let now = now_ms();
+    let mut pool = Pool::new(count, now);
     for _ in 0..count {
         let digest = LeaseId::new_random().digest();
-        // Cannot fail: fewer than `count` leases are held.
-        let _ = pool.borrow(digest, now + 3_600_000, now);
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(digest, now + 3_600_000, now, None)
+        else {
+            return Err("a pool with a free slot would not grant".into());
+        };
+        pool = pool.apply(&update).map_err(|e| format!("{e:?}"))?;
     }
-    pool
+    for _ in 0..waiting {
+        let ticket = Ticket {
+            digest: LeaseId::new_random().digest(),
+            give_up_ms: now + 25_000,
+        };
+        let JoinPlan::Join(update) = pool.plan_join(ticket, usize::MAX, now) else {
+            return Err("a ticket would not join".into());
+        };
+        pool = pool.apply(&update).map_err(|e| format!("{e:?}"))?;
+    }
+    Ok(pool)
 }
 
-/// Item size of fully held pools; on DynamoDB also what it reports for writing
-/// and reading such an item.
-pub async fn item_sizes(backend: Option<&Backend>, counts: &[u16]) -> Result<Vec<ItemRow>, String> {
-    let mut rows = Vec::with_capacity(counts.len());
-    for &count in counts {
-        let pool = full_pool(count);
+/// Item sizes of fully held pools (count, waiting tickets); on DynamoDB also
+/// what it reports for writing and reading such an item.
+pub async fn item_sizes(
+    backend: Option<&Backend>,
+    shapes: &[(u16, usize)],
+) -> Result<Vec<ItemRow>, String> {
+    let mut rows = Vec::with_capacity(shapes.len());
+    for &(count, waiting) in shapes {
+        let record = Record::new(full_pool(count, waiting)?);
         let key = new_pool().key();
-        let bytes = pool_item_size(&key, &pool);
+        let bytes = pool_item_size(&key, &record);
         let wcu = write_units(bytes);
         let mut row = ItemRow {
             count,
+            waiting,
             bytes,
             wcu_per_write: wcu,
             rcu_per_read: read_units(bytes),
@@ -623,7 +725,7 @@ pub async fn item_sizes(backend: Option<&Backend>, counts: &[u16]) -> Result<Vec
             let store = backend.store(&counters).await;
             let s0 = counters.snapshot();
             store
-                .create(&key, &pool)
+                .create(&key, &record)
                 .await
                 .map_err(|e| format!("create: {e}"))?;
             let s1 = counters.snapshot();
@@ -636,16 +738,4 @@ pub async fn item_sizes(backend: Option<&Backend>, counts: &[u16]) -> Result<Vec
         rows.push(row);
     }
     Ok(rows)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn jain_index() {
-        assert_eq!(jain(&[3.0, 3.0, 3.0]), 1.0);
-        assert_eq!(jain(&[4.0, 0.0, 0.0, 0.0]), 0.25);
-        assert_eq!(jain(&[0.0, 0.0]), 0.0);
-    }
 }

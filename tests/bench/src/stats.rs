@@ -36,6 +36,17 @@ pub fn summarize(samples: &[f64]) -> Summary {
     }
 }
 
+/// Jain's fairness index of per-client shares: 1 when all got the same,
+/// 1/n when one client got everything (0 for no shares at all).
+pub fn jain(xs: &[f64]) -> f64 {
+    let sum: f64 = xs.iter().sum();
+    let squares: f64 = xs.iter().map(|x| x * x).sum();
+    if squares == 0.0 {
+        return 0.0;
+    }
+    sum * sum / (xs.len() as f64 * squares)
+}
+
 /// Three decimals keep the JSON readable without losing anything measurable.
 pub fn round3(x: f64) -> f64 {
     (x * 1000.0).round() / 1000.0
@@ -57,5 +68,12 @@ mod tests {
             (s.samples, s.p50_ms, s.max_ms, s.mean_ms),
             (3, 2.0, 3.0, 2.0)
         );
+    }
+
+    #[test]
+    fn jain_index() {
+        assert_eq!(jain(&[3.0, 3.0, 3.0]), 1.0);
+        assert_eq!(jain(&[4.0, 0.0, 0.0, 0.0]), 0.25);
+        assert_eq!(jain(&[0.0, 0.0]), 0.0);
     }
 }

@@ -55,16 +55,33 @@ fn smoke_profile_emits_a_complete_report() {
         run.status,
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(
-        stdout.contains("| operation |") && stdout.contains("### Targets"),
-        "{stdout}"
-    );
+    for heading in [
+        "| operation |",
+        "### Contention",
+        "### Conditional writes by kind",
+        "### DynamoDB cost per million",
+        "### Saturation",
+        "### Read load",
+        "### Wake delay",
+        "### Targets",
+    ] {
+        assert!(stdout.contains(heading), "no {heading:?} in:\n{stdout}");
+    }
 
     let text = std::fs::read_to_string(&out).expect("the JSON report was written");
     let report: Value = serde_json::from_str(&text).expect("the report is valid JSON");
     has_keys(
         &report["meta"],
-        &["profile", "dynamodb_endpoint", "backoff_first_ms", "notes"],
+        &[
+            "profile",
+            "dynamodb_endpoint",
+            "poll_ms",
+            "poll_cap_ms",
+            "strategies",
+            "contention_latencies_ms",
+            "saturation_seconds",
+            "notes",
+        ],
     );
     assert_eq!(report["meta"]["profile"], "smoke");
 
@@ -96,44 +113,126 @@ fn smoke_profile_emits_a_complete_report() {
             "no DynamoDB row for {name}"
         );
     }
-    for row in rows(&report, "contention") {
+
+    // Every contention row exists for every strategy at 0 and 8 ms.
+    let contention = rows(&report, "contention");
+    for row in contention {
         has_keys(
             row,
             &[
                 "strategy",
+                "latency_ms",
                 "clients",
                 "cycles_per_s",
                 "successes_per_attempt",
+                "model_wcu_per_cycle",
+                "model_rcu_per_cycle",
+                "reads_per_cycle",
+                "usd_per_million_cycles",
+                "fairness",
                 "borrow",
+                "writes_by_kind",
             ],
         );
     }
-    let strategies: Vec<&str> = rows(&report, "contention")
+    for backend in ["dynamodb-local", "memory"] {
+        for strategy in ["new", "old", "naive"] {
+            for latency in [0, 8] {
+                assert!(
+                    contention.iter().any(|r| r["backend"] == backend
+                        && r["strategy"] == strategy
+                        && r["latency_ms"] == latency),
+                    "no contention row for {backend}, {strategy}, +{latency} ms"
+                );
+            }
+        }
+    }
+    for row in rows(&report, "cost") {
+        has_keys(
+            row,
+            &[
+                "strategy",
+                "load",
+                "wcu_per_cycle",
+                "rcu_per_cycle",
+                "usd_per_million_cycles",
+            ],
+        );
+    }
+
+    let saturation = rows(&report, "saturation");
+    for row in saturation {
+        has_keys(
+            row,
+            &[
+                "strategy",
+                "grants",
+                "refused_rate",
+                "wait",
+                "ideal_fifo_wait_ms",
+                "max_over_ideal",
+                "fairness",
+                "in_order",
+                "in_order_lenient",
+                "borrow_calls_per_grant",
+                "borrow_wcu_per_grant",
+                "waits_ms",
+            ],
+        );
+    }
+    let strategies: Vec<&str> = saturation
         .iter()
         .filter_map(|r| r["strategy"].as_str())
         .collect();
-    assert!(strategies.contains(&"ours") && strategies.contains(&"naive"));
+    assert_eq!(strategies, ["new", "old"]);
+
+    for row in rows(&report, "read_load") {
+        has_keys(
+            row,
+            &[
+                "strategy",
+                "waiters",
+                "reads_per_s",
+                "writes_per_s",
+                "wake_after_return",
+                "wake_after_expiry",
+            ],
+        );
+    }
     for row in rows(&report, "wake") {
-        has_keys(row, &["trigger", "delay", "delays_ms"]);
+        has_keys(row, &["strategy", "trigger", "delay", "delays_ms"]);
         has_keys(&row["delay"], &["samples", "p50_ms", "p99_ms"]);
     }
     for row in rows(&report, "polling") {
-        has_keys(row, &["backend", "reads_per_s"]);
+        has_keys(row, &["backend", "strategy", "reads_per_s"]);
     }
-    let counts: Vec<u64> = rows(&report, "item_size")
+    let shapes: Vec<(u64, u64)> = rows(&report, "item_size")
         .iter()
-        .filter_map(|r| r["count"].as_u64())
+        .filter_map(|r| Some((r["count"].as_u64()?, r["waiting"].as_u64()?)))
         .collect();
-    assert_eq!(counts, [1, 16, 100, 1000]);
+    assert_eq!(
+        shapes,
+        [(1, 0), (16, 0), (100, 0), (1000, 0), (4, 100), (4, 1000)]
+    );
+
+    // The smoke profile measures every target but those of 100 and 1,000 waiters.
     let targets = rows(&report, "targets");
-    assert_eq!(targets.len(), 8);
+    assert_eq!(targets.len(), 17);
     for target in targets {
-        assert!(
-            ["met", "not met"].contains(&target["status"].as_str().unwrap_or("")),
-            "every target is measured by the smoke profile: {target:#}"
-        );
+        let status = target["status"].as_str().unwrap_or("");
+        let name = target["name"].as_str().unwrap_or("");
+        if name.starts_with("100 waiters") || name.starts_with("1,000 waiters") {
+            assert_eq!(status, "not measured", "{target:#}");
+        } else {
+            assert!(
+                ["met", "not met"].contains(&status),
+                "measured by the smoke profile: {target:#}"
+            );
+        }
     }
-    for plot in rows(&report, "plots") {
+    let plots = rows(&report, "plots");
+    assert_eq!(plots.len(), 7);
+    for plot in plots {
         let svg = std::fs::read_to_string(plot.as_str().expect("a path")).expect("plot written");
         assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     }
