@@ -74,12 +74,12 @@ fn body_bytes(body: &Body) -> &[u8] {
     }
 }
 
-/// The invocation deadline (Unix ms) as an `Instant`; none when unset.
+/// The invocation deadline (Unix ms) as an `Instant`; none when unset or not
+/// in the future (Lambda's always is; `cargo lambda watch` sends a timeout,
+/// 600000, where the deadline belongs, which would make every answer a 502).
 fn deadline_instant(deadline_ms: u64) -> Option<Instant> {
-    if deadline_ms == 0 {
-        return None;
-    }
-    Some(Instant::now() + Duration::from_millis(deadline_ms.saturating_sub(now_ms())))
+    let now = now_ms();
+    (deadline_ms > now).then(|| Instant::now() + Duration::from_millis(deadline_ms - now))
 }
 
 fn into_response(response: ApiResponse) -> Response<Body> {
@@ -93,5 +93,19 @@ fn request_path(request: &Request) -> &str {
         request.uri().path()
     } else {
         raw
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_deadline_in_the_future_is_one() {
+        assert_eq!(deadline_instant(0), None);
+        assert_eq!(deadline_instant(600_000), None, "a timeout, not a deadline");
+        let soon = deadline_instant(now_ms() + 5_000).expect("a deadline");
+        let left = soon.saturating_duration_since(Instant::now());
+        assert!(left > Duration::from_millis(4_900) && left <= Duration::from_millis(5_000));
     }
 }
