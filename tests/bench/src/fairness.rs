@@ -186,7 +186,10 @@ pub async fn saturation(
     let (strict, n) = in_order(&attempts, 0.0, 0.0);
     // Borrowers that joined within a store round trip of each other, or
     // were served by slots freed within one head poll of each other.
-    let lenient = in_order(&attempts, 0.010, env.timing.poll.as_secs_f64()).0;
+    let poll = env.timing.poll.as_secs_f64();
+    let lenient = in_order(&attempts, 0.010, poll).0;
+    let start_slack = in_order(&attempts, 0.010, 0.0).0;
+    let grant_slack = in_order(&attempts, 0.0, poll).0;
     let wait = summarize(&waits);
     let b = borrow_counters.snapshot();
     let r = return_counters.snapshot();
@@ -217,6 +220,8 @@ pub async fn saturation(
         fairness: round3(jain(&per_client)),
         in_order: round3(strict as f64 / n.max(1) as f64),
         in_order_lenient: round3(lenient as f64 / n.max(1) as f64),
+        in_order_start_10ms: round3(start_slack as f64 / n.max(1) as f64),
+        in_order_grant_within_poll: round3(grant_slack as f64 / n.max(1) as f64),
         borrow_calls_per_grant: per(b.calls(), g),
         borrow_reads_per_grant: per(b.reads(), g),
         borrow_writes_per_grant: per(b.write_attempts(), g),

@@ -162,6 +162,10 @@ pub struct SaturationRow {
     /// The same, not counting a borrower that started within 10 ms before,
     /// or was granted within one head poll after.
     pub in_order_lenient: f64,
+    /// Only the start slack (10 ms).
+    pub in_order_start_10ms: f64,
+    /// Only the grant slack (one head poll).
+    pub in_order_grant_within_poll: f64,
     pub borrow_calls_per_grant: f64,
     pub borrow_reads_per_grant: f64,
     pub borrow_writes_per_grant: f64,
@@ -218,8 +222,14 @@ pub struct WakeRow {
     pub backend: String,
     pub strategy: String,
     pub trigger: String,
+    /// The waiter's store calls per sample, from its first read to its grant.
+    pub waiter_reads_per_sample: f64,
+    pub waiter_writes_per_sample: f64,
+    pub writes_by_kind: Vec<WriteTally>,
     pub delay: Summary,
     pub delays_ms: Vec<f64>,
+    /// The waiter's store calls in each sample, in the order of `delays_ms`.
+    pub waiter_calls: Vec<u32>,
 }
 
 #[derive(Serialize)]
@@ -786,8 +796,8 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Saturation: {} clients, each borrowing (wait ≤ {} s) → holding {} ms → returning, on one pool of count {}, for {} s\n\n\
-             | store | strategy | grants | grants/s | wait p50 ms | wait p99 ms | wait max ms | ideal FIFO wait ms | max ÷ ideal | 409 rate | Jain (grants) | in order | in order (lenient) | errors |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+             | store | strategy | grants | grants/s | wait p50 ms | wait p99 ms | wait max ms | ideal FIFO wait ms | max ÷ ideal | 409 rate | Jain (grants) | in order | in order, starts within 10 ms excused | in order, grants within one poll excused | in order, both excused | errors |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             first.clients,
             first.wait_limit_ms / 1000,
             first.hold_ms,
@@ -797,7 +807,7 @@ impl Report {
         for r in &self.saturation {
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
+                "| {} | {} | {} | {:.1} | {:.0} | {:.0} | {:.0} | {:.0} | {:.2} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {:.3} | {} |",
                 r.backend,
                 r.strategy,
                 r.grants,
@@ -810,6 +820,8 @@ impl Report {
                 r.refused_rate,
                 r.fairness,
                 r.in_order,
+                r.in_order_start_10ms,
+                r.in_order_grant_within_poll,
                 r.in_order_lenient,
                 r.errors
             );
@@ -877,19 +889,28 @@ impl Report {
             let _ = writeln!(
                 md,
                 "\n### Wake delay, one waiter on a pool of count 1: slot freed → waiter granted\n\n\
-                 | store | strategy | freed by | samples | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|---|---|"
+                 | store | strategy | freed by | samples | p50 ms | p99 ms | max ms | waiter reads / sample | waiter writes / sample | waiter's lost writes / sample |\n|---|---|---|---|---|---|---|---|---|---|"
             );
             for r in &self.wake {
+                let lost: u64 = r
+                    .writes_by_kind
+                    .iter()
+                    .filter(|t| t.outcome != "won")
+                    .map(|t| t.n)
+                    .sum();
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                    "| {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.2} | {:.2} | {:.2} |",
                     r.backend,
                     r.strategy,
                     r.trigger,
                     r.delay.samples,
                     r.delay.p50_ms,
                     r.delay.p99_ms,
-                    r.delay.max_ms
+                    r.delay.max_ms,
+                    r.waiter_reads_per_sample,
+                    r.waiter_writes_per_sample,
+                    lost as f64 / r.delay.samples.max(1) as f64
                 );
             }
         }

@@ -530,7 +530,7 @@ async fn wake_sample(
     waiter: &Arc<Service>,
     trigger: Trigger,
     rng: &mut Rng,
-) -> Result<f64, String> {
+) -> Result<(f64, u32), String> {
     let id = new_pool();
     holder
         .register(id, 1, &mut call())
@@ -547,10 +547,11 @@ async fn wake_sample(
         .map_err(fail("holder borrow"))?;
     let waiter = waiter.clone();
     let waiting = tokio::spawn(async move {
+        let mut call = call();
         let result = waiter
-            .borrow(id, request(LONG_TTL_MS, 10_000), &mut call())
+            .borrow(id, request(LONG_TTL_MS, 10_000), &mut call)
             .await;
-        (result, Instant::now(), wall_us())
+        (result, Instant::now(), wall_us(), call.stats.store_calls)
     });
     // Past the first polls, so the freeing lands in steady-state polling at
     // a random phase.
@@ -574,17 +575,18 @@ async fn wake_sample(
         }
         Trigger::Expiry => None,
     };
-    let (result, granted, granted_wall_us) =
+    let (result, granted, granted_wall_us, calls) =
         waiting.await.map_err(|e| format!("waiter task: {e}"))?;
     let _ = holder.delete(id, &mut call()).await;
     result.map_err(fail("waiter borrow"))?;
-    Ok(match freed {
+    let delay = match freed {
         Some(freed) => granted.saturating_duration_since(freed).as_secs_f64() * 1000.0,
         None => {
             let expired_us = u128::from(held.expires_at_ms) * 1000;
             granted_wall_us.saturating_sub(expired_us) as f64 / 1000.0
         }
-    })
+    };
+    Ok((delay, calls))
 }
 
 /// Wake delays after `trigger`, measured on `lanes` independent pools at once.
@@ -600,10 +602,13 @@ pub async fn wake(
         .ok_or("wake delay is measured for the service's policies only")?;
     let lanes = lanes.clamp(1, samples.max(1));
     let mut tasks = Vec::with_capacity(lanes);
+    // The waiter's calls only: what a wake costs, and which writes it lost.
+    let counters = Arc::new(Counters::default());
+    let breakdown = Arc::new(Breakdown::default());
     for lane in 0..lanes {
-        let counters = Arc::new(Counters::default());
-        let holder = env.service(&counters, policy).await;
-        let waiter = Arc::new(env.service(&counters, policy).await);
+        let holder = env.setup().await;
+        let store = env.backend.classified_store(&counters, &breakdown).await;
+        let waiter = Arc::new(service_over(store, policy, env.timing, env.limits));
         // Spread the remainder over the first lanes.
         let n = samples / lanes + usize::from(lane < samples % lanes);
         let mut rng = Rng::new(seed());
@@ -616,15 +621,25 @@ pub async fn wake(
         }));
     }
     let mut delays = Vec::with_capacity(samples);
+    let mut calls = Vec::with_capacity(samples);
     for task in tasks {
-        delays.extend(task.await.map_err(|e| format!("wake lane: {e}"))??);
+        for (delay, n) in task.await.map_err(|e| format!("wake lane: {e}"))?? {
+            delays.push(delay);
+            calls.push(n);
+        }
     }
+    let s = counters.snapshot();
+    let n = delays.len();
     Ok(WakeRow {
         backend: env.backend.name().into(),
         strategy: strategy.name().into(),
         trigger: trigger.name().into(),
+        waiter_reads_per_sample: per(s.reads(), n),
+        waiter_writes_per_sample: per(s.write_attempts(), n),
+        writes_by_kind: breakdown.tallies(),
         delay: summarize(&delays),
         delays_ms: delays.iter().map(|d| round3(*d)).collect(),
+        waiter_calls: calls,
     })
 }
 
