@@ -41,11 +41,15 @@ impl Default for Limits {
 /// much time every request keeps in hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
-    /// The head of the queue reads every `poll` (jittered to ½–1×), so it
-    /// sees a return within ~`poll`; a waiter `k` places further back,
-    /// which cannot be served sooner, reads `k + 1` times less often, up to
-    /// `poll_cap`. Expiries are slept to exactly.
+    /// A waiter reads again after the time its turn may take, judged by how
+    /// fast the queue has moved past it (never sooner than `poll_min`, never
+    /// later than `poll_cap`); the first in line at least every `poll`, so it
+    /// sees a return within about `poll`. Jittered to ¾–1×. A queue that does
+    /// not move costs one read per `poll` at its head and one per `poll_cap`
+    /// behind it; one that moves fast is followed as fast as it moves.
+    /// Expiries are slept to exactly.
     pub poll: Duration,
+    pub poll_min: Duration,
     pub poll_cap: Duration,
     /// After a failed store call: full jitter in `[0, first · 2^n]`, capped.
     pub retry_first: Duration,
@@ -69,7 +73,8 @@ pub struct Timing {
 impl Default for Timing {
     fn default() -> Self {
         Timing {
-            poll: Duration::from_millis(50),
+            poll: Duration::from_millis(70),
+            poll_min: Duration::from_millis(10),
             poll_cap: Duration::from_secs(2),
             retry_first: Duration::from_millis(20),
             retry_cap: Duration::from_millis(400),
@@ -404,6 +409,7 @@ impl Borrower {
         // them is ours (full ttl), any other is an idempotent repeat.
         let mut tried: Vec<u64> = Vec::new();
         let mut polls = 0u32;
+        let mut pace = Pace::default();
         loop {
             if record.incarnation != incarnation {
                 // Deleted (and maybe registered again) while we were at it.
@@ -484,7 +490,7 @@ impl Borrower {
                             None => Err(Error::Exhausted),
                         };
                     }
-                    let nap = ctx.poll_interval(ahead);
+                    let nap = ctx.poll_interval(ahead, &mut pace);
                     let nap = match record.pool.nth_expiry(needed, now) {
                         // Wake as the lease that serves us expires, so its
                         // slot is taken within milliseconds.
@@ -703,14 +709,53 @@ impl Ctx<'_> {
         full.mul_f64(0.5 + 0.5 * self.jitter.next_unit())
     }
 
-    /// How long a waiter with `ahead` live tickets in front of it sleeps.
-    fn poll_interval(&mut self, ahead: usize) -> Duration {
-        let full = self
-            .timing
-            .poll
-            .saturating_mul(u32::try_from(ahead + 1).unwrap_or(u32::MAX))
-            .min(self.timing.poll_cap);
-        full.mul_f64(0.5 + 0.5 * self.jitter.next_unit())
+    /// How long a waiter with `ahead` live tickets in front of it sleeps,
+    /// by `pace`, the queue's speed as this waiter has seen it.
+    fn poll_interval(&mut self, ahead: usize, pace: &mut Pace) -> Duration {
+        let timing = self.timing;
+        let turn = pace.turn_in(ahead, Instant::now());
+        let by_turn = turn.unwrap_or_else(|| {
+            timing
+                .poll
+                .saturating_mul(u32::try_from(ahead + 1).unwrap_or(u32::MAX))
+        });
+        let ceiling = if ahead == 0 {
+            timing.poll
+        } else {
+            timing.poll_cap
+        };
+        let full = by_turn.clamp(timing.poll_min.min(ceiling), ceiling);
+        full.mul_f64(0.75 + 0.25 * self.jitter.next_unit())
+    }
+}
+
+/// How fast the queue moves past one waiter: places advanced per second,
+/// smoothed over its polls.
+#[derive(Default)]
+struct Pace {
+    last: Option<(Instant, usize)>,
+    per_second: Option<f64>,
+}
+
+impl Pace {
+    /// When this waiter's turn may come, `ahead` places from the front at
+    /// `now`; `None` until the queue has been seen to move.
+    fn turn_in(&mut self, ahead: usize, now: Instant) -> Option<Duration> {
+        if let Some((then, before)) = self.last {
+            let seconds = now.saturating_duration_since(then).as_secs_f64();
+            if seconds > 0.0 {
+                let moved = before.saturating_sub(ahead) as f64 / seconds;
+                self.per_second = Some(match self.per_second {
+                    Some(rate) => 0.5 * rate + 0.5 * moved,
+                    None => moved,
+                });
+            }
+        }
+        self.last = Some((now, ahead));
+        let rate = self.per_second.filter(|r| *r > 0.0)?;
+        Some(Duration::from_secs_f64(
+            ((ahead + 1) as f64 / rate).min(3600.0),
+        ))
     }
 }
 
@@ -735,6 +780,19 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waiters_poll_as_fast_as_the_queue_moves() {
+        let mut pace = Pace::default();
+        let t0 = Instant::now();
+        assert_eq!(pace.turn_in(9, t0), None, "unknown until it moves");
+        // Five places in 100 ms: 50 per second; five places to go: 100 ms.
+        let turn = pace.turn_in(4, t0 + Duration::from_millis(100)).unwrap();
+        assert_eq!(turn, Duration::from_millis(100));
+        // Standing still halves the pace each time.
+        let turn = pace.turn_in(4, t0 + Duration::from_millis(200)).unwrap();
+        assert_eq!(turn, Duration::from_millis(200));
+    }
 
     #[test]
     fn jitter_is_uniform_in_the_unit_interval() {

@@ -490,7 +490,7 @@ mod broken {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let outcome = self.inner.update(key, incarnation, update).await?;
             match (granted, outcome) {
-                (Some(digest), Updated::Written(_)) if n % 10 == 0 => {
+                (Some(digest), Updated::Written(_)) if n.is_multiple_of(10) => {
                     self.hidden
                         .lock()
                         .unwrap()

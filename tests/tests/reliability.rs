@@ -339,11 +339,22 @@ async fn a_pool_stored_in_the_old_format_keeps_working() {
         .unwrap();
     let api = ApiClient::for_backend(Backend::DynamoDb).await;
     let (status, state) = api.inspect(&id).await;
-    assert_eq!((status, &state["in_use"], &state["count"]), (200, &2.into(), &3.into()));
+    assert_eq!(
+        (status, &state["in_use"], &state["count"]),
+        (200, &2.into(), &3.into())
+    );
     let (status, body) = api.return_lease(&id, &held.to_string()).await;
-    assert_eq!((status, body["returned"].as_bool()), (200, Some(true)), "{body}");
+    assert_eq!(
+        (status, body["returned"].as_bool()),
+        (200, Some(true)),
+        "{body}"
+    );
     let (status, body) = api.borrow(&id, 30.0, 0.0).await;
-    assert_eq!((status, body["position"].as_u64()), (200, Some(0)), "{body}");
+    assert_eq!(
+        (status, body["position"].as_u64()),
+        (200, Some(0)),
+        "{body}"
+    );
     assert!(body["fence"].as_u64().unwrap() > 2);
     assert_eq!(api.inspect(&id).await.1["in_use"], 2);
     assert_eq!(api.register(&id, 5).await.1["available"], 3);

@@ -862,7 +862,11 @@ mod tests {
         assert_eq!(kept, before);
         let fences: Vec<u64> = record.pool.leases().iter().map(|l| l.fence).collect();
         assert_eq!(fences, [1, 2, 3]);
-        assert_eq!(legacy::decode(&old).unwrap(), Some(record.clone()), "deterministic");
+        assert_eq!(
+            legacy::decode(&old).unwrap(),
+            Some(record.clone()),
+            "deterministic"
+        );
         assert_eq!(legacy::decode(&encode(&key, &record)).unwrap(), None);
     }
 

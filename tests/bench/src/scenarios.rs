@@ -139,7 +139,12 @@ impl Env {
     ) -> Worker {
         let store = self.backend.classified_store(counters, breakdown).await;
         match strategy.policy() {
-            Some(policy) => Worker::Service(service_over(store, policy, self.timing, self.limits)),
+            Some(policy) => Worker::Service(Box::new(service_over(
+                store,
+                policy,
+                self.timing,
+                self.limits,
+            ))),
             None => Worker::Naive(Naive { store }),
         }
     }
@@ -291,7 +296,7 @@ struct ClientTally {
 
 /// One client: a service of one policy, or the naive baseline.
 pub enum Worker {
-    Service(Service),
+    Service(Box<Service>),
     Naive(Naive),
 }
 

@@ -78,8 +78,8 @@ pub(super) struct PoolModel {
     /// Spans of `regimes` (id = regime index).
     pub(super) regime_spans: Spans,
     /// When each borrow with a wait may have been waiting in the queue (id =
-    /// op index): a refused one (409 or 404) all through its call, a granted
-    /// one until its earliest grant.
+    /// op index): all through its call, as the moment it joined and the one
+    /// it was granted (or gave up) can be anywhere in it.
     pub(super) waiters: Spans,
 }
 
@@ -346,16 +346,17 @@ impl PoolCalls<'_> {
     /// The waiting spans of this pool's borrows with a wait (see
     /// [`PoolModel::waiters`]).
     fn waiters(&self, granted: &[Lease]) -> Vec<Span> {
-        let grant_lo: HashMap<usize, u64> = granted.iter().map(|l| (l.op, l.grant_lo)).collect();
+        let granted: std::collections::HashSet<usize> = granted.iter().map(|l| l.op).collect();
         self.calls
             .iter()
             .filter(|&&i| matches!(self.ops[i].call, Call::Borrow { wait_ms, .. } if wait_ms > 0))
             .filter_map(|&i| {
                 let (invoke, response) = self.window(i);
                 let end = match self.outcomes[i] {
-                    // Refused, or told the pool was deleted while it waited.
+                    // Refused, told the pool was deleted while it waited, or
+                    // granted at any time up to its answer.
                     Outcome::Exhausted | Outcome::NotFound => response + 1,
-                    Outcome::Granted { .. } => *grant_lo.get(&i)?,
+                    Outcome::Granted { .. } if granted.contains(&i) => response + 1,
                     _ => return None,
                 };
                 Some(Span {
