@@ -178,14 +178,16 @@ pub enum JoinPlan {
 }
 
 impl Pool {
-    /// A new, empty pool. `count` must already be validated (≤ [`MAX_COUNT`]).
-    /// The fence counter starts above every fence a pool of the same id can
-    /// have issued before: those were issued at most one per millisecond
-    /// (DynamoDB's write limit per item) from an earlier creation time.
-    pub fn new(count: u16, now_ms: u64) -> Self {
+    /// A new, empty pool created at `created_us` (µs since the epoch). `count`
+    /// must already be validated (≤ [`MAX_COUNT`]). The fence counter starts
+    /// above every fence a pool of the same id can have issued before: those
+    /// started at an earlier creation time and grew by one per grant, and no
+    /// pool grants once per µs (each grant is a conditional write to one item,
+    /// which DynamoDB takes at most about once per ms). Below 2^53 until 2255.
+    pub fn new(count: u16, created_us: u64) -> Self {
         Pool {
             count,
-            fence: now_ms.saturating_add(1).saturating_mul(1000),
+            fence: created_us.saturating_add(1),
             leases: Vec::new(),
             queue: Vec::new(),
         }
@@ -634,7 +636,7 @@ mod tests {
 
     #[test]
     fn fences_increase_with_every_grant_from_the_creation_time() {
-        let mut pool = Pool::new(2, 5);
+        let mut pool = Pool::new(2, 5999);
         assert_eq!(pool.fence(), 6000);
         borrow(&mut pool, 1, 100, 5);
         borrow(&mut pool, 2, 100, 5);
@@ -657,7 +659,7 @@ mod tests {
         assert_eq!(position, 0);
         assert!(update.expect.contains(&Expect::SlotHeldBy {
             position: 0,
-            fence: 1001
+            fence: 2
         }));
         assert!(!update.expect.contains(&Expect::SlotFree(0)));
         pool = pool.apply(&update).unwrap();
@@ -674,7 +676,7 @@ mod tests {
             update.expect,
             vec![Expect::SlotHeldBy {
                 position: 0,
-                fence: 1001
+                fence: 2
             }]
         );
         // Another borrow lands first: the return still applies.

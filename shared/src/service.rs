@@ -160,6 +160,14 @@ impl Call {
     }
 }
 
+/// Microseconds since the Unix epoch: a new pool's first fence.
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
 pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -232,7 +240,7 @@ impl Service {
     ) -> Result<PoolState, Error> {
         let key = id.key();
         let mut ctx = self.ctx(call, Duration::ZERO);
-        let mut fresh = Record::new(Pool::new(count, now_ms()));
+        let mut fresh = Record::new(Pool::new(count, now_us()));
         let mut lost = 0u32;
         loop {
             let current = match ctx.call(ctx.store.create(&key, &fresh)).await {
@@ -265,7 +273,7 @@ impl Service {
                     }
                 },
             }
-            fresh = Record::new(Pool::new(count, now_ms()));
+            fresh = Record::new(Pool::new(count, now_us()));
         }
     }
 

@@ -336,8 +336,14 @@ async fn checker_catches_a_store_that_ignores_conditions() {
 /// refused while a slot was free.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checker_catches_a_store_with_stale_reads() {
-    let store: Arc<dyn PoolStore> = Arc::new(broken::StaleReads::new(memory_store()));
-    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    // Each instance caches its own reads: it sees other instances' writes
+    // late (its own at once).
+    let shared = memory_store();
+    let apis = instances(
+        (0..INSTANCES)
+            .map(|_| Arc::new(broken::StaleReads::new(shared.clone())) as Arc<dyn PoolStore>)
+            .collect(),
+    );
     let mut workload = Workload::new(seed(), 1500);
     // No waiting borrowers: with waiters around, a refused newcomer may owe
     // the free slot to one of them; without, it owes it to nobody.
