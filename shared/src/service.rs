@@ -41,12 +41,11 @@ impl Default for Limits {
 /// much time every request keeps in hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
-    /// A waiter reads again after the time its turn may take, judged by how
-    /// fast the queue has moved past it (never sooner than `poll_min`, never
-    /// later than `poll_cap`); the first in line at least every `poll`, so it
-    /// sees a return within about `poll`. Jittered to ¾–1×. A queue that does
-    /// not move costs one read per `poll` at its head and one per `poll_cap`
-    /// behind it; one that moves fast is followed as fast as it moves.
+    /// A waiter `k` places back reads every `(k + 1) · poll` (at most
+    /// `poll_cap`), so the head sees a return within about `poll` and the
+    /// pool's reads grow with the logarithm of the queue, not its length;
+    /// sooner (never below `poll_min`) when the queue has moved fast enough
+    /// past it that its turn may come before then. Jittered to ¾–1×.
     /// Expiries are slept to exactly.
     pub poll: Duration,
     pub poll_min: Duration,
@@ -721,18 +720,18 @@ impl Ctx<'_> {
     /// by `pace`, the queue's speed as this waiter has seen it.
     fn poll_interval(&mut self, ahead: usize, pace: &mut Pace) -> Duration {
         let timing = self.timing;
-        let turn = pace.turn_in(ahead, Instant::now());
-        let by_turn = turn.unwrap_or_else(|| {
-            timing
-                .poll
-                .saturating_mul(u32::try_from(ahead + 1).unwrap_or(u32::MAX))
-        });
-        let ceiling = if ahead == 0 {
-            timing.poll
-        } else {
-            timing.poll_cap
+        // By place: the head every `poll`, the waiter `k` places back `k + 1`
+        // times less often. The queue's pace may only shorten that, never
+        // lengthen it: a pace measured while everyone polled slowly would
+        // otherwise keep them slow.
+        let by_place = timing
+            .poll
+            .saturating_mul(u32::try_from(ahead + 1).unwrap_or(u32::MAX))
+            .min(timing.poll_cap);
+        let full = match pace.turn_in(ahead, Instant::now()) {
+            Some(turn) => turn.clamp(timing.poll_min.min(by_place), by_place),
+            None => by_place,
         };
-        let full = by_turn.clamp(timing.poll_min.min(ceiling), ceiling);
         full.mul_f64(0.75 + 0.25 * self.jitter.next_unit())
     }
 }

@@ -326,11 +326,11 @@ impl<'h> Checker<'h> {
         }
     }
 
-    /// [`Rule::LostWakeup`]: a 409 only when the pool was full, or a
-    /// borrower may have been waiting ahead (whose turn a free slot is):
-    /// never definitely free with nobody ahead all through the call (every
-    /// read saw a free slot), nor for `wakeup_tolerance_ms` on end while it
-    /// was waiting (a poller reads far more often than that).
+    /// [`Rule::LostWakeup`]: a 409 only when the pool was full, or its free
+    /// slots were owed to borrowers that may have been waiting ahead: never
+    /// definitely free (beyond those) all through the call (every read saw a
+    /// free slot), nor for `wakeup_tolerance_ms` on end while it was waiting
+    /// (a poller reads far more often than that).
     fn refused(&mut self, model: &PoolModel, w: usize) {
         let (a, b) = (self.ops[w].invoke_ms, self.ops[w].response_ms);
         let Call::Borrow { wait_ms, .. } = self.ops[w].call else {
@@ -363,9 +363,7 @@ impl<'h> Checker<'h> {
                 .filter(|s| ops[s.id].invoke_ms < joined_by)
                 .count() as u64
         };
-        // Strict turns: while anyone may wait ahead, a free slot is theirs.
-        let free =
-            |t: u64| ahead(t) == 0 && (model.maybe.at(t, None).count() as u64) < model.min_count(t);
+        let free = |t: u64| model.maybe.at(t, None).count() as u64 + ahead(t) < model.min_count(t);
         // Maximal runs [start, end) of definitely free ms.
         let mut runs: Vec<(u64, u64)> = Vec::new();
         for (k, &t) in points.iter().enumerate() {
