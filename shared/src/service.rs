@@ -41,12 +41,13 @@ impl Default for Limits {
 /// much time every request keeps in hand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
-    /// A waiter `k` places back reads every `(k + 1) · poll` (at most
-    /// `poll_cap`), so the head sees a return within about `poll` and the
-    /// pool's reads grow with the logarithm of the queue, not its length;
-    /// sooner (never below `poll_min`) when the queue has moved fast enough
-    /// past it that its turn may come before then. Jittered to ¾–1×.
-    /// Expiries are slept to exactly.
+    /// Waiters read in rounds: those the next `count` freed slots would
+    /// serve (at most 4) every `poll`, the next `count` every `2 · poll`, and
+    /// so on up to `poll_cap`, so the head sees a return within about `poll`
+    /// and the pool's reads grow far slower than its queue; sooner (never
+    /// below `poll_min`) when the queue has moved fast enough past a waiter
+    /// that its turn may come before then. Jittered to ¾–1×. Expiries are
+    /// slept to exactly.
     pub poll: Duration,
     pub poll_min: Duration,
     pub poll_cap: Duration,
@@ -67,6 +68,22 @@ pub struct Timing {
     /// Kept back from the answer-by time when a waiter stops waiting, to
     /// cancel its ticket (or find it granted) before answering.
     pub cancel_reserve: Duration,
+}
+
+impl Timing {
+    /// A waiter's read interval by its place alone: its turn comes after
+    /// `needed` more slots free up on a pool of `count`. In rounds of up to
+    /// `count` releases (at most 4, which bounds the reads of a long
+    /// queue): whoever the next round serves reads every `poll`, the one after
+    /// every `2 · poll`, and so on, at most every `poll_cap`. The queue's pace
+    /// may only shorten this, never lengthen it: a pace measured while
+    /// everyone polled slowly would keep them slow.
+    fn by_place(&self, needed: usize, count: u16) -> Duration {
+        let round = needed.max(1).div_ceil(usize::from(count.clamp(1, 4)));
+        self.poll
+            .saturating_mul(u32::try_from(round).unwrap_or(u32::MAX))
+            .min(self.poll_cap)
+    }
 }
 
 impl Default for Timing {
@@ -497,7 +514,7 @@ impl Borrower {
                             None => Err(Error::Exhausted),
                         };
                     }
-                    let nap = ctx.poll_interval(ahead, &mut pace);
+                    let nap = ctx.poll_interval(ahead, needed, record.pool.count(), &mut pace);
                     let nap = match record.pool.nth_expiry(needed, now) {
                         // Wake as the lease that serves us expires, so its
                         // slot is taken within milliseconds.
@@ -716,20 +733,25 @@ impl Ctx<'_> {
         full.mul_f64(0.5 + 0.5 * self.jitter.next_unit())
     }
 
-    /// How long a waiter with `ahead` live tickets in front of it sleeps,
-    /// by `pace`, the queue's speed as this waiter has seen it.
-    fn poll_interval(&mut self, ahead: usize, pace: &mut Pace) -> Duration {
+    /// How long a waiter sleeps: `ahead` live tickets are in front of it and
+    /// its turn comes after `needed` more slots free up, on a pool of `count`
+    /// slots; `pace` is the queue's speed as this waiter has seen it.
+    fn poll_interval(
+        &mut self,
+        ahead: usize,
+        needed: usize,
+        count: u16,
+        pace: &mut Pace,
+    ) -> Duration {
         let timing = self.timing;
-        // By place: the head every `poll`, the waiter `k` places back `k + 1`
-        // times less often. The queue's pace may only shorten that, never
-        // lengthen it: a pace measured while everyone polled slowly would
-        // otherwise keep them slow.
-        let by_place = timing
-            .poll
-            .saturating_mul(u32::try_from(ahead + 1).unwrap_or(u32::MAX))
-            .min(timing.poll_cap);
+        let by_place = timing.by_place(needed, count);
+        // The first nap after joining is at most `poll`: one early read tells
+        // how fast the queue moves (a queue that moves faster than one place
+        // per `poll` would otherwise never be seen to).
+        let first = pace.last.is_none();
         let full = match pace.turn_in(ahead, Instant::now()) {
             Some(turn) => turn.clamp(timing.poll_min.min(by_place), by_place),
+            None if first => by_place.min(timing.poll),
             None => by_place,
         };
         full.mul_f64(0.75 + 0.25 * self.jitter.next_unit())
@@ -787,6 +809,23 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waiters_read_in_rounds_of_count_slots() {
+        let timing = Timing::default();
+        let ms = |n| Duration::from_millis(n);
+        // Count 1: one round per place.
+        assert_eq!(timing.by_place(1, 1), ms(70));
+        assert_eq!(timing.by_place(2, 1), ms(140));
+        // Count 4: the next four freed slots serve the first round.
+        assert_eq!(timing.by_place(4, 4), ms(70));
+        assert_eq!(timing.by_place(5, 4), ms(140));
+        // A big pool's rounds are 4 wide; far back, every 2 s.
+        assert_eq!(timing.by_place(9, 1000), ms(210));
+        assert_eq!(timing.by_place(900, 4), ms(2000));
+        // Count 0 (a pool shrunk to nothing) and nothing needed are sane.
+        assert_eq!(timing.by_place(0, 0), ms(70));
+    }
 
     #[test]
     fn waiters_poll_as_fast_as_the_queue_moves() {

@@ -43,7 +43,9 @@ pub struct StoredLease {
     /// When the store call that first returned it started: no later than
     /// its write (every write returns the item through the recorder).
     pub first_seen_ms: u64,
-    /// When a delete of its pool returned, if one did after it was written.
+    /// The earliest its pool's delete can have removed it, if one did after
+    /// it was written: the delete's start, or the write's if that was later
+    /// (a write lands only on a pool that exists).
     pub deleted_ms: Option<u64>,
     /// The API call that wrote it, if known (see [`CALLER`]).
     pub caller: Option<u64>,
@@ -63,8 +65,8 @@ impl StoredLease {
 #[derive(Default)]
 pub struct Truth {
     seen: Mutex<HashMap<(PoolKey, u64), StoredLease>>,
-    /// When each delete that removed a pool returned, by pool.
-    deletes: Mutex<HashMap<PoolKey, Vec<u64>>>,
+    /// When each delete that removed a pool started and returned, by pool.
+    deletes: Mutex<HashMap<PoolKey, Vec<(u64, u64)>>>,
 }
 
 impl Truth {
@@ -75,12 +77,16 @@ impl Truth {
         lock(&self.seen)
             .values()
             .map(|lease| StoredLease {
+                // The first delete that returned after the write removed
+                // it, at some instant in that delete's call: judged at the
+                // earliest, as the checker judges every call.
                 deleted_ms: deletes.get(&lease.key).and_then(|times| {
                     times
                         .iter()
                         .copied()
-                        .filter(|t| *t >= lease.first_seen_ms)
-                        .min()
+                        .filter(|&(_, returned)| returned >= lease.first_seen_ms)
+                        .min_by_key(|&(_, returned)| returned)
+                        .map(|(started, _)| started.max(lease.first_seen_ms))
                 }),
                 ..*lease
             })
@@ -169,12 +175,13 @@ impl PoolStore for Recorder {
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        let started = now_ms();
         let deleted = self.inner.delete(key).await?;
         if deleted {
             lock(&self.truth.deletes)
                 .entry(*key)
                 .or_default()
-                .push(now_ms());
+                .push((started, now_ms()));
         }
         Ok(deleted)
     }
