@@ -185,10 +185,7 @@ fn now_us() -> u64 {
 }
 
 pub fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    now_us() / 1000
 }
 
 pub struct Service {
