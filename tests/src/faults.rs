@@ -33,6 +33,11 @@ pub struct FaultPlan {
     pub delay: f64,
     /// A delayed call waits 1 ..= this many ms.
     pub max_delay_ms: u64,
+    /// The first delete through this store lands, then fails, whatever the
+    /// draw: a run with any delete surely holds a call (a 502) whose outcome
+    /// its client never learned. (Deletes are few; at 3 % a run of thousands
+    /// of calls often had no failed one.)
+    pub first_delete_fails_after: bool,
 }
 
 impl FaultPlan {
@@ -45,6 +50,7 @@ impl FaultPlan {
             throttle: 0.0,
             delay: 0.0,
             max_delay_ms: 0,
+            first_delete_fails_after: false,
         }
     }
 }
@@ -60,6 +66,7 @@ impl Default for FaultPlan {
             throttle: 0.02,
             delay: 0.05,
             max_delay_ms: 8,
+            first_delete_fails_after: false,
         }
     }
 }
@@ -116,6 +123,8 @@ pub struct FaultyStore {
     plan: FaultPlan,
     rng: Mutex<Rng>,
     counts: Arc<FaultCounts>,
+    /// Whether a delete has gone through (see `first_delete_fails_after`).
+    deleted_once: std::sync::atomic::AtomicBool,
 }
 
 impl FaultyStore {
@@ -130,6 +139,7 @@ impl FaultyStore {
             plan,
             rng: Mutex::new(Rng::new(seed)),
             counts,
+            deleted_once: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -248,6 +258,13 @@ impl PoolStore for FaultyStore {
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        if self.plan.first_delete_fails_after && !self.deleted_once.swap(true, Ordering::Relaxed) {
+            self.counts.failed_after.fetch_add(1, Ordering::Relaxed);
+            self.counts.calls.fetch_add(1, Ordering::Relaxed);
+            return self
+                .inject_drawn(Fault::FailAfter, "delete", self.inner.delete(key))
+                .await;
+        }
         self.inject("delete", self.inner.delete(key)).await
     }
 }

@@ -277,7 +277,10 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
         let inner = recorded(dynamodb_store().await, &truth);
         let faulty = FaultyStore::new(
             inner,
-            FaultPlan::default(),
+            FaultPlan {
+                first_delete_fails_after: true,
+                ..FaultPlan::default()
+            },
             seed ^ (i as u64 + 1),
             counts.clone(),
         );
