@@ -261,8 +261,10 @@ impl Service {
                 Ok(Created::Exists(current)) => current,
                 // Unknown outcome: our create may have landed.
                 Err(err) => match ctx.reload(&key, err).await? {
+                    // Ours landed: answer the pool as our write left it,
+                    // not as later calls may have changed it since.
                     Some(current) if current.incarnation == fresh.incarnation => {
-                        return Ok(current.pool.state(now_ms()));
+                        return Ok(fresh.pool.state(now_ms()));
                     }
                     Some(current) => current,
                     None => continue,

@@ -374,7 +374,11 @@ async fn orphans_are_found_when_landed_writes_go_unseen() {
     let store = recorded(memory_store(), &truth);
     let store: Arc<dyn PoolStore> = Arc::new(broken::HidesLandedGrants::new(store));
     let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
-    let workload = Workload::new(seed(), 1500);
+    let mut workload = Workload::new(seed(), 1500);
+    // No waiting borrowers: one that waits past its hidden lease's ttl
+    // answers after the orphan has expired (0 ms), which left this test
+    // finding nothing in about one run of three.
+    workload.weights[workload::Kind::BorrowWaiting as usize] = 0;
     let run = workload::run(&workload, &apis).await;
     let orphans = truth::orphans(&truth.leases(), &run.ops, &run.callers);
     eprintln!(
