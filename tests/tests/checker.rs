@@ -310,6 +310,23 @@ fn returned_false_for_a_surely_live_lease_is_a_lost_lease() {
 }
 
 #[test]
+fn a_borrow_told_not_found_may_have_held_a_position_until_its_answer() {
+    // Client 1's write took position 0, then a delete took the pool (and
+    // the lease) and client 1 was told 404; meanwhile client 2 got 1.
+    let borrow = Call::Borrow {
+        ttl_ms: 1000,
+        wait_ms: 0,
+    };
+    let ops = vec![
+        register(P, 3, 0, 0, 1),
+        not_found(1, P, borrow, 10, 60),
+        granted(2, P, 2, 1, 1000, 20, 30),
+        deleted(P, true, 40, 50),
+    ];
+    assert_clean(&ops, &strict());
+}
+
+#[test]
 fn a_position_above_a_surely_free_one_is_flagged() {
     let ops = vec![
         register(P, 3, 0, 0, 1),

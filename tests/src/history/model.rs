@@ -274,6 +274,13 @@ impl PoolCalls<'_> {
                     let ttl = asked.clamp(1, max_ttl_ms);
                     found.unknown.push(self.unknown_lease(i, ttl, &deletes));
                 }
+                // Told the pool was not found: its write may have landed
+                // before a delete took the pool (and the lease) during the
+                // call, so it may have held a position until its answer.
+                Outcome::NotFound => {
+                    let (invoke, response) = self.window(i);
+                    found.unknown.push((invoke, response + 1));
+                }
                 _ => {}
             }
         }
