@@ -115,7 +115,7 @@ fn subcommands_print_the_services_json(store: Store) {
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     assert_eq!(
         json_of(&out),
-        serde_json::json!({"id": id, "count": 2, "in_use": 0, "available": 2})
+        serde_json::json!({"id": id, "count": 2, "in_use": 0, "available": 2, "waiting": 0})
     );
 
     let out = run(&["borrow", "--ttl", "30"]);

@@ -186,9 +186,55 @@ pub fn id_from_path(route: Route, path: &str) -> Option<&str> {
     (path_of(action) == Some(route.path())).then_some(id)
 }
 
-/// Runs one request on `route` for the raw id segment and JSON body, and
-/// writes its log line. `call` carries the Lambda deadline (a borrow never
-/// waits past it) and collects what the request cost.
+/// A request parsed and validated: what a route was asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Request {
+    Register { id: PoolId, count: u16 },
+    Inspect { id: PoolId },
+    Delete { id: PoolId },
+    Borrow { id: PoolId, borrow: BorrowRequest },
+    Return { id: PoolId, lease: LeaseId },
+}
+
+impl Request {
+    /// Parses the raw id segment and JSON body of a request on `route`. A
+    /// borrow without a client-chosen lease id gets one here, so that the
+    /// caller knows how to cancel its wait.
+    pub fn parse(route: Route, raw_id: &str, body: &[u8]) -> Result<Request, Error> {
+        let id = parse_pool_id(raw_id)?;
+        Ok(match route {
+            Route::Register => Request::Register {
+                id,
+                count: parse_count(&parse_object(body)?)?,
+            },
+            Route::Inspect => Request::Inspect { id },
+            Route::Delete => Request::Delete { id },
+            Route::Borrow => Request::Borrow {
+                id,
+                borrow: parse_borrow(&parse_object(body)?)?,
+            },
+            Route::Return => Request::Return {
+                id,
+                lease: parse_lease(&parse_object(body)?)?,
+            },
+        })
+    }
+
+    /// For a borrow that may wait: the return that gives its wait up.
+    pub fn give_up(&self) -> Option<Request> {
+        match *self {
+            Request::Borrow { id, borrow } if borrow.wait_ms > 0 => Some(Request::Return {
+                id,
+                lease: borrow.lease,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Runs one request on `route` for the raw id segment and JSON body. `call`
+/// carries the Lambda deadline (a borrow never waits past it) and collects
+/// what the request cost.
 pub async fn handle(
     service: &Service,
     route: Route,
@@ -196,7 +242,21 @@ pub async fn handle(
     body: &[u8],
     call: &mut Call,
 ) -> ApiResponse {
-    match dispatch(service, route, raw_id, body, call).await {
+    respond(service, route, Request::parse(route, raw_id, body), call).await
+}
+
+/// Runs a parsed request (or answers its parse error), logging store errors.
+pub async fn respond(
+    service: &Service,
+    route: Route,
+    request: Result<Request, Error>,
+    call: &mut Call,
+) -> ApiResponse {
+    let result = match request {
+        Ok(request) => execute(service, request, call).await,
+        Err(err) => Err(err),
+    };
+    match result {
         Ok(response) => response,
         Err(err) => {
             if let Error::Store(store) = &err {
@@ -211,35 +271,29 @@ pub async fn handle(
     }
 }
 
-async fn dispatch(
+async fn execute(
     service: &Service,
-    route: Route,
-    raw_id: &str,
-    body: &[u8],
+    request: Request,
     call: &mut Call,
 ) -> Result<ApiResponse, Error> {
-    let id = parse_pool_id(raw_id)?;
-    match route {
-        Route::Register => {
-            let count = parse_count(&parse_object(body)?)?;
+    match request {
+        Request::Register { id, count } => {
             let state = service.register(id, count, call).await?;
             Ok(ApiResponse::ok(state_body(id, state)))
         }
-        Route::Inspect => {
+        Request::Inspect { id } => {
             let state = service.inspect(id, call).await?;
             Ok(ApiResponse::ok(state_body(id, state)))
         }
-        Route::Delete => {
+        Request::Delete { id } => {
             let deleted = service.delete(id, call).await?;
             Ok(ApiResponse::ok(json!({ "deleted": deleted })))
         }
-        Route::Borrow => {
-            let request = parse_borrow(&parse_object(body)?)?;
-            let grant = service.borrow(id, request, call).await?;
+        Request::Borrow { id, borrow } => {
+            let grant = service.borrow(id, borrow, call).await?;
             Ok(ApiResponse::ok(grant_body(&grant)))
         }
-        Route::Return => {
-            let lease = parse_lease(&parse_object(body)?)?;
+        Request::Return { id, lease } => {
             let returned = service.return_lease(id, lease, call).await?;
             Ok(ApiResponse::ok(json!({ "returned": returned })))
         }
@@ -301,7 +355,8 @@ pub fn parse_count(body: &Map<String, Value>) -> Result<u16, Error> {
 
 /// `ttl` (required, > 0) and `wait` (default 0, ≥ 0), in seconds with
 /// fractions, kept as milliseconds; `lease` (optional), a client-chosen UUID
-/// that makes the borrow idempotent. Clamping is the service's.
+/// that makes the borrow idempotent and its wait cancellable (a random one
+/// otherwise). Clamping is the service's.
 pub fn parse_borrow(body: &Map<String, Value>) -> Result<BorrowRequest, Error> {
     let ttl = match body.get("ttl") {
         None => return Err(bad("ttl is required")),
@@ -315,14 +370,14 @@ pub fn parse_borrow(body: &Map<String, Value>) -> Result<BorrowRequest, Error> {
             .ok_or_else(|| bad("wait must be a number of seconds, 0 or more"))?,
     };
     let lease = match body.get("lease") {
-        None => None,
-        Some(_) => Some(parse_lease(body).and_then(|lease| {
+        None => LeaseId::new_random(),
+        Some(_) => parse_lease(body).and_then(|lease| {
             if lease.0.is_nil() {
                 Err(bad("lease must not be the nil UUID"))
             } else {
                 Ok(lease)
             }
-        })?),
+        })?,
     };
     Ok(BorrowRequest {
         // A positive ttl never rounds to an already-expired lease.
@@ -363,6 +418,7 @@ fn state_body(id: PoolId, state: PoolState) -> Value {
         "count": state.count,
         "in_use": state.in_use,
         "available": state.available,
+        "waiting": state.waiting,
     })
 }
 
@@ -521,7 +577,9 @@ mod tests {
     #[test]
     fn borrow_rules() {
         let r = parse_borrow(&obj(r#"{"ttl":1.5}"#)).unwrap();
-        assert_eq!((r.ttl_ms, r.wait_ms, r.lease), (1500, 0, None));
+        assert_eq!((r.ttl_ms, r.wait_ms), (1500, 0));
+        let other = parse_borrow(&obj(r#"{"ttl":1.5}"#)).unwrap();
+        assert_ne!(r.lease, other.lease, "a random lease id when none is sent");
         let r = parse_borrow(&obj(r#"{"ttl":30,"wait":0.25}"#)).unwrap();
         assert_eq!((r.ttl_ms, r.wait_ms), (30_000, 250));
         let r = parse_borrow(&obj(r#"{"ttl":0.0001,"wait":0}"#)).unwrap();
@@ -533,8 +591,8 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(
-            r.lease.map(|l| l.0.hyphenated().to_string()),
-            Some("3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34".to_string())
+            r.lease.0.hyphenated().to_string(),
+            "3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"
         );
         for body in [
             r#"{}"#,

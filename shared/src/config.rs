@@ -129,10 +129,10 @@ pub async fn service_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result
     Ok(Service::new(store, config.limits))
 }
 
-/// The key of the one read a function makes during init; no pool has it (pool
-/// keys are 64 hex digits), and IAM lets functions that may not otherwise
-/// read the table read only this key.
-pub const WARM_UP_KEY: &str = "warm-up";
+/// The partition key of the one read a function makes during init; no pool
+/// has it (pool keys are 16 bytes), and IAM lets functions that may not
+/// otherwise read the table read only this key.
+pub const WARM_UP_KEY: &[u8] = b"warm-up";
 
 /// Opens the connection to DynamoDB during init (DNS, TCP, TLS and the SDK's
 /// first-call set-up), so the first request does not pay for it; the client
@@ -140,12 +140,16 @@ pub const WARM_UP_KEY: &str = "warm-up";
 /// request that time again.
 async fn warm_up(client: &aws_sdk_dynamodb::Client, table: &str) {
     let started = std::time::Instant::now();
+    let blob = |bytes: &[u8]| {
+        aws_sdk_dynamodb::types::AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(bytes))
+    };
     let read = client
         .get_item()
         .table_name(table)
+        .key(crate::store::dynamodb::PK, blob(WARM_UP_KEY))
         .key(
-            "pk",
-            aws_sdk_dynamodb::types::AttributeValue::S(WARM_UP_KEY.into()),
+            crate::store::dynamodb::SK,
+            blob(&crate::store::dynamodb::POOL_ITEM),
         )
         .send();
     match tokio::time::timeout(Duration::from_secs(3), read).await {

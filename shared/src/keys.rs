@@ -12,17 +12,23 @@ use crate::domain::LeaseDigest;
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct PoolId(pub Uuid);
 
-/// The server-generated lease UUID.
+/// A lease UUID: chosen by the client (which makes a borrow idempotent and
+/// its wait cancellable) or else by the server.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LeaseId(pub Uuid);
 
-/// What the store is keyed by: SHA-256 of the pool UUID's 16 bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct PoolKey(pub [u8; 32]);
+/// What the store is keyed by: the first 16 bytes of the SHA-256 of the pool
+/// UUID's 16 bytes (128 bits: no two pools ever share one, and the UUID
+/// cannot be found from it).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey(pub [u8; 16]);
 
 impl PoolId {
     pub fn key(&self) -> PoolKey {
-        PoolKey(Sha256::digest(self.0.as_bytes()).into())
+        let full = Sha256::digest(self.0.as_bytes());
+        let mut key = [0u8; 16];
+        key.copy_from_slice(&full[..16]);
+        PoolKey(key)
     }
 
     /// The form the API echoes: hyphenated lowercase.
@@ -38,8 +44,8 @@ impl LeaseId {
 
     pub fn digest(&self) -> LeaseDigest {
         let full = Sha256::digest(self.0.as_bytes());
-        let mut short = [0u8; 16];
-        short.copy_from_slice(&full[..16]);
+        let mut short = [0u8; 8];
+        short.copy_from_slice(&full[..8]);
         LeaseDigest(short)
     }
 }
@@ -91,7 +97,7 @@ mod tests {
         let lower = PoolId(Uuid::parse_str(ID).unwrap());
         let upper = PoolId(Uuid::parse_str(&ID.to_uppercase()).unwrap());
         assert_eq!(lower.key(), upper.key());
-        assert_eq!(lower.key().to_hex().len(), 64);
+        assert_eq!(lower.key().to_hex().len(), 32);
         assert!(!lower.key().to_hex().contains("9f1c2e7a"));
     }
 

@@ -11,7 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::domain::{BorrowPlan, JoinPlan, Lease, LeaseDigest, Pool, PoolState, Ticket, Update};
+use crate::domain::{BorrowPlan, Holder, Lease, Pool, PoolState, ReturnPlan, Update, WaitPlan};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
 use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
@@ -31,7 +31,7 @@ impl Default for Limits {
             max_ttl_ms: 3_600_000,
             // API Gateway's HTTP API cuts every request at 30 s.
             max_wait_ms: 25_000,
-            // 100 tickets of 23 bytes keep a pool item within a few write units.
+            // 100 tickets of about 20 bytes keep a pool item within a few write units.
             max_waiters: 100,
         }
     }
@@ -42,12 +42,12 @@ impl Default for Limits {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Timing {
     /// Waiters read in rounds: those the next `count` freed slots would
-    /// serve (at most 4) every `poll`, the next `count` every `2 · poll`, and
-    /// so on up to `poll_cap`, so the head sees a return within about `poll`
-    /// and the pool's reads grow far slower than its queue; sooner (never
-    /// below `poll_min`) when the queue has moved fast enough past a waiter
-    /// that its turn may come before then. Jittered to ¾–1×. Expiries are
-    /// slept to exactly.
+    /// serve (at most 4 wide) every `poll`, the next round every `2 · poll`,
+    /// then `4 · poll`, … up to `poll_cap`: the head sees a hand-off within
+    /// about `poll`, and a long queue's reads grow with the log of its
+    /// length. Sooner (never below `poll_min`) when grants come fast enough
+    /// that a waiter's turn may come before then. Jittered to ¾–1×.
+    /// Expiries are slept to exactly.
     pub poll: Duration,
     pub poll_min: Duration,
     pub poll_cap: Duration,
@@ -71,17 +71,13 @@ pub struct Timing {
 }
 
 impl Timing {
-    /// A waiter's read interval by its place alone: its turn comes after
-    /// `needed` more slots free up on a pool of `count`. In rounds of up to
-    /// `count` releases (at most 4, which bounds the reads of a long
-    /// queue): whoever the next round serves reads every `poll`, the one after
-    /// every `2 · poll`, and so on, at most every `poll_cap`. The queue's pace
-    /// may only shorten this, never lengthen it: a pace measured while
-    /// everyone polled slowly would keep them slow.
-    fn by_place(&self, needed: usize, count: u16) -> Duration {
-        let round = needed.max(1).div_ceil(usize::from(count.clamp(1, 4)));
+    /// A waiter's read interval by its place alone: `ahead` live tickets
+    /// before it on a pool of `count`. Rounds of up to `count` places (at
+    /// most 4), each twice as far apart as the one before.
+    fn by_place(&self, ahead: usize, count: u16) -> Duration {
+        let round = ahead / usize::from(count.clamp(1, 4));
         self.poll
-            .saturating_mul(u32::try_from(round).unwrap_or(u32::MAX))
+            .saturating_mul(1u32 << round.min(16))
             .min(self.poll_cap)
     }
 }
@@ -104,37 +100,15 @@ impl Default for Timing {
     }
 }
 
-/// How the service writes and waits. The default is the product; the rest
-/// are the designs it replaced, kept selectable so that a benchmark compares
-/// both in one run.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Policy {
-    /// Every write also conditions on the whole pool as read (as the old
-    /// version-checked `PutItem` did), and a lost write naps and reads again.
-    /// For small pools only (benchmarks): it pins every slot.
-    pub whole_item_writes: bool,
-    /// Waiters queue in arrival order. Off: they poll (15 ms doubling to
-    /// 90 ms, jittered) and race newcomers for each freed slot.
-    pub fair_waiting: bool,
-}
-
-impl Default for Policy {
-    fn default() -> Self {
-        Policy {
-            whole_item_writes: false,
-            fair_waiting: true,
-        }
-    }
-}
-
 /// A granted lease, as the borrow response reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
     pub lease: LeaseId,
     pub position: u16,
     pub expires_at_ms: u64,
-    /// What the borrower is told it has: the clamped ttl for a new grant, the
-    /// time left for an idempotent repeat.
+    /// What the borrower is told it has: the clamped ttl for a slot it took
+    /// at once, the time left for one handed to it while it waited (the
+    /// lease runs from the hand-off) and for an idempotent repeat.
     pub expires_in_ms: u64,
     pub fence: u64,
 }
@@ -144,8 +118,9 @@ pub struct Grant {
 pub struct BorrowRequest {
     pub ttl_ms: u64,
     pub wait_ms: u64,
-    /// A client-chosen lease id, making the borrow idempotent.
-    pub lease: Option<LeaseId>,
+    /// The lease id: the client's (making the borrow idempotent, and its
+    /// wait cancellable by a return of that id), or one the server chose.
+    pub lease: LeaseId,
 }
 
 /// What one request cost, for its log line and metrics.
@@ -192,14 +167,12 @@ pub struct Service {
     store: Arc<dyn PoolStore>,
     limits: Limits,
     timing: Timing,
-    policy: Policy,
 }
 
 /// A request's working state: when it must answer by, and its store calls.
 struct Ctx<'a> {
     store: &'a dyn PoolStore,
     timing: Timing,
-    policy: Policy,
     answer_by: Instant,
     stats: &'a mut Stats,
     jitter: Jitter,
@@ -211,7 +184,6 @@ impl Service {
             store,
             limits,
             timing: Timing::default(),
-            policy: Policy::default(),
         }
     }
 
@@ -220,9 +192,8 @@ impl Service {
         self
     }
 
-    pub fn with_policy(mut self, policy: Policy) -> Self {
-        self.policy = policy;
-        self
+    pub fn limits(&self) -> Limits {
+        self.limits
     }
 
     fn ctx<'a>(&'a self, call: &'a mut Call, wait: Duration) -> Ctx<'a> {
@@ -237,7 +208,6 @@ impl Service {
         Ctx {
             store: self.store.as_ref(),
             timing: self.timing,
-            policy: self.policy,
             answer_by,
             stats: &mut call.stats,
             jitter: Jitter::new(),
@@ -256,7 +226,7 @@ impl Service {
         let mut fresh = Record::new(Pool::new(count, now_us()));
         let mut lost = 0u32;
         loop {
-            let current = match ctx.call(ctx.store.create(&key, &fresh)).await {
+            let mut current = match ctx.call(ctx.store.create(&key, &fresh)).await {
                 Ok(Created::Created(record)) => return Ok(record.pool.state(now_ms())),
                 Ok(Created::Exists(current)) => current,
                 // Unknown outcome: our create may have landed.
@@ -270,24 +240,35 @@ impl Service {
                     None => continue,
                 },
             };
-            let Some(update) = current.pool.plan_resize(count) else {
-                return Ok(current.pool.state(now_ms()));
-            };
-            match ctx.write(&key, &current, &update).await {
-                Ok(Updated::Written(record)) => return Ok(record.pool.state(now_ms())),
-                // Deleted or recreated under us: start over.
-                Ok(Updated::Gone | Updated::Lost(_)) => {
-                    ctx.lost(&mut lost).await?;
+            // Resize the pool that exists, deciding again from each record
+            // a lost write hands back; start over if it is deleted.
+            loop {
+                let Some(update) = current.pool.plan_resize(count, now_ms()) else {
+                    return Ok(current.pool.state(now_ms()));
+                };
+                match ctx.write(&key, &current, &update).await {
+                    Ok(Updated::Written(record)) => {
+                        if record.pool.plan_resize(count, now_ms()).is_none() {
+                            return Ok(record.pool.state(now_ms()));
+                        }
+                        // More to trim than one write carries.
+                        current = record;
+                    }
+                    Ok(Updated::Lost(record)) if record.incarnation == current.incarnation => {
+                        if ctx.lost(&mut lost).await? {
+                            current = ctx.load_existing(&key).await?;
+                        } else {
+                            current = record;
+                        }
+                    }
+                    Ok(Updated::Lost(_) | Updated::Gone) => break,
+                    Err(err) => match ctx.reload(&key, err).await? {
+                        Some(now) if now.incarnation == current.incarnation => current = now,
+                        _ => break,
+                    },
                 }
-                Err(err) => match ctx.reload(&key, err).await? {
-                    Some(now) if now.pool.count() == count => {
-                        return Ok(now.pool.state(now_ms()));
-                    }
-                    _ => {
-                        ctx.lost(&mut lost).await?;
-                    }
-                },
             }
+            ctx.lost(&mut lost).await?;
             fresh = Record::new(Pool::new(count, now_us()));
         }
     }
@@ -306,8 +287,8 @@ impl Service {
     }
 
     /// `POST …/borrow`: the lowest free position, or, when none is free or
-    /// others wait, a place in the queue until a slot is this borrower's or
-    /// its wait ends.
+    /// others wait, a place in the queue until a slot is handed to this
+    /// borrower or its wait ends.
     pub async fn borrow(
         &self,
         id: PoolId,
@@ -316,7 +297,6 @@ impl Service {
     ) -> Result<Grant, Error> {
         let ttl_ms = request.ttl_ms.min(self.limits.max_ttl_ms).max(1);
         let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
-        let lease = request.lease.unwrap_or_else(LeaseId::new_random);
         let mut ctx = self.ctx(call, wait);
         let started = Instant::now();
         // Stop waiting in time to cancel the ticket before answering.
@@ -329,8 +309,11 @@ impl Service {
             .max(started);
         let borrower = Borrower {
             key: id.key(),
-            lease,
-            ttl_ms,
+            lease: request.lease,
+            holder: Holder {
+                digest: request.lease.digest(),
+                ttl_ms,
+            },
             give_up,
             give_up_ms: now_ms() + (give_up - started).as_millis() as u64,
             max_waiters: self.limits.max_waiters,
@@ -338,7 +321,11 @@ impl Service {
         borrower.run(&mut ctx).await
     }
 
-    /// `POST …/return`: whether a live lease was freed.
+    /// `POST …/return`: whether a live lease was freed. A return of a lease
+    /// id whose borrow still waits takes its ticket out of the queue (and
+    /// answers `false`: nothing was held); one of an id the pool has never
+    /// seen is remembered for a while, so that a borrow with that id
+    /// arriving after it is refused (a cancel may overtake its borrow).
     pub async fn return_lease(
         &self,
         id: PoolId,
@@ -352,35 +339,33 @@ impl Service {
         let incarnation = record.incarnation;
         let mut lost = 0u32;
         loop {
-            let now = now_ms();
             if record.incarnation != incarnation {
                 // Deleted and registered again: the lease ended with the delete.
                 return Ok(false);
             }
-            let Some((held, update)) = record.pool.plan_return(digest, now) else {
-                return Ok(false);
+            let (held, update) = match record.pool.plan_return(digest, now_ms()) {
+                ReturnPlan::Return(held, update) => (Some(held), update),
+                ReturnPlan::Cancel(update) | ReturnPlan::Remember(update) => (None, update),
+                ReturnPlan::Expired(_) | ReturnPlan::Remembered => return Ok(false),
             };
-            match ctx.write(&key, &record, &update).await {
-                Ok(Updated::Written(_)) => return Ok(true),
+            let fresh = match ctx.write(&key, &record, &update).await {
+                Ok(Updated::Written(_)) => return Ok(held.is_some()),
                 Ok(Updated::Gone) => return Err(Error::PoolNotFound),
                 Ok(Updated::Lost(fresh)) => {
-                    if gone_while_live(&fresh, incarnation, &held) {
-                        return Ok(true);
-                    }
-                    record = if ctx.lost(&mut lost).await? {
+                    if ctx.lost(&mut lost).await? {
                         ctx.load_existing(&key).await?
                     } else {
                         fresh
-                    };
-                }
-                Err(err) => {
-                    let fresh = ctx.reload(&key, err).await?.ok_or(Error::PoolNotFound)?;
-                    if gone_while_live(&fresh, incarnation, &held) {
-                        return Ok(true);
                     }
-                    record = fresh;
+                }
+                Err(err) => ctx.reload(&key, err).await?.ok_or(Error::PoolNotFound)?,
+            };
+            if let Some(held) = held {
+                if gone_while_live(&fresh, incarnation, &held) {
+                    return Ok(true);
                 }
             }
+            record = fresh;
         }
     }
 }
@@ -399,198 +384,187 @@ fn gone_while_live(fresh: &Record, incarnation: u64, held: &Lease) -> bool {
             .any(|l| l.position == held.position && l.fence == held.fence)
 }
 
-/// A lease of `record` that a write of ours granted (its expiry is one we
-/// tried), even if the write took so long that it has expired since: it was
-/// granted, so it is the answer.
-fn ours<'r>(record: &'r Record, digest: LeaseDigest, tried: &[u64]) -> Option<&'r Lease> {
-    record
-        .pool
-        .leases()
-        .iter()
-        .find(|l| l.digest == digest && tried.contains(&l.expires_at_ms))
-}
-
 /// One borrow in progress.
 struct Borrower {
     key: PoolKey,
     lease: LeaseId,
-    ttl_ms: u64,
+    holder: Holder,
     /// When it stops waiting (and its wall-clock twin, stored in its ticket).
     give_up: Instant,
     give_up_ms: u64,
     max_waiters: usize,
 }
 
+/// Where a borrow stands after its first writes.
+enum Placed {
+    /// A slot: the lease, and whether this request's own take granted it.
+    Granted(Lease, bool),
+    /// A ticket in the queue (its own, or a twin request's), joined at ms.
+    Queued(Record, Holder, u64),
+}
+
 impl Borrower {
     async fn run(&self, ctx: &mut Ctx<'_>) -> Result<Grant, Error> {
-        let digest = self.lease.digest();
-        let mut record = ctx.load_existing(&self.key).await?;
+        let record = ctx.load_existing(&self.key).await?;
         let incarnation = record.incarnation;
-        let mut ticket: Option<Ticket> = None;
+        let (record, mine, joined_ms) = match self.place(ctx, record).await? {
+            Placed::Granted(lease, own) => return Ok(self.grant(&lease, now_ms(), own)),
+            Placed::Queued(record, mine, joined_ms) => (record, mine, joined_ms),
+        };
+        self.wait(ctx, incarnation, record, mine, joined_ms).await
+    }
+
+    /// Takes a free slot, or joins the queue.
+    async fn place(&self, ctx: &mut Ctx<'_>, mut record: Record) -> Result<Placed, Error> {
+        let incarnation = record.incarnation;
         let mut lost = 0u32;
-        // Expiries of the grants we tried to write: a lease found with one of
-        // them is ours (full ttl), any other is an idempotent repeat.
+        // The grant times of the takes we tried: a lease of ours found with
+        // one of them is this request's own grant.
         let mut tried: Vec<u64> = Vec::new();
-        let mut polls = 0u32;
-        let mut pace = Pace::default();
         loop {
             if record.incarnation != incarnation {
                 // Deleted (and maybe registered again) while we were at it.
                 return Err(Error::PoolNotFound);
             }
-            let now = now_ms();
-            if let Some(ours) = ours(&record, digest, &tried) {
-                return Ok(self.grant(ours, now, &tried));
-            }
-            let plan = record
+            if let Some(lease) = record
                 .pool
-                .plan_borrow(digest, now + self.ttl_ms, now, ticket.as_ref());
-            let update = match plan {
-                BorrowPlan::Held(held) => {
-                    if let Some(t) = ticket.filter(|t| record.pool.ticket_index(t).is_some()) {
-                        // A twin request (same client lease id) was granted:
-                        // our ticket must not keep a place it will never use.
-                        // Best effort: the grant is the answer either way.
-                        let _ = self.cancel(ctx, incarnation, &t, record, &tried).await;
+                .leases()
+                .into_iter()
+                .find(|l| l.digest == self.holder.digest && tried.contains(&l.granted_ms))
+            {
+                // Ours even if expired since (a take that landed late).
+                return Ok(Placed::Granted(lease, true));
+            }
+            let now = now_ms();
+            let update =
+                match record
+                    .pool
+                    .plan_borrow(self.holder, self.give_up_ms, now, self.max_waiters)
+                {
+                    BorrowPlan::Held(lease) => return Ok(Placed::Granted(lease, false)),
+                    BorrowPlan::Queued(holder) => return Ok(Placed::Queued(record, holder, now)),
+                    // Given up before this request was seen, or no place to wait.
+                    BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
+                    BorrowPlan::Prune(update) => update,
+                    BorrowPlan::Take { update, .. } => {
+                        tried.push(now);
+                        update
                     }
-                    return Ok(self.grant(&held, now, &tried));
-                }
-                BorrowPlan::Take { update, .. } => {
-                    tried.push(now + self.ttl_ms);
-                    update
-                }
-                BorrowPlan::Prune(update) => update,
-                BorrowPlan::Wait { ahead, needed, .. } => {
-                    let Some(mine) = ticket else {
+                    BorrowPlan::Join(update) => {
                         if Instant::now() >= self.give_up {
+                            // `wait: 0` (or no time left): no waiting at all.
                             return Err(Error::Exhausted);
                         }
-                        if !ctx.policy.fair_waiting {
-                            // The old policy: no queue, poll and race.
-                            let nap = ctx.unfair_poll_interval(polls);
-                            let nap = match record.pool.nth_expiry(needed, now) {
-                                Some(expiry) => {
-                                    nap.min(Duration::from_millis(expiry.saturating_sub(now)))
-                                }
-                                None => nap,
-                            };
-                            let nap =
-                                nap.min(self.give_up.saturating_duration_since(Instant::now()));
-                            tokio::time::sleep(nap).await;
-                            ctx.stats.waited += nap;
-                            polls += 1;
-                            record = ctx.load_existing(&self.key).await?;
-                            continue;
+                        let joined = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                        if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
+                            return Ok(Placed::Queued(joined, self.holder, now));
                         }
-                        let joining = Ticket {
-                            digest,
-                            give_up_ms: self.give_up_ms,
-                        };
-                        match record.pool.plan_join(joining, self.max_waiters, now) {
-                            // Too many wait already: no place to wait in.
-                            JoinPlan::Full => return Err(Error::Exhausted),
-                            JoinPlan::Prune(update) => {
-                                record = self.write(ctx, &record, &update, &mut lost).await?;
-                            }
-                            JoinPlan::Join(update) => {
-                                record = self.write(ctx, &record, &update, &mut lost).await?;
-                                if record.pool.ticket_index(&joining).is_some() {
-                                    ticket = Some(joining);
-                                }
-                            }
-                        }
-                        continue;
-                    };
-                    if record.pool.ticket_index(&mine).is_none() {
-                        // Pruned as dead (a clock far ahead of ours): join
-                        // again at the end if there is time left.
-                        ticket = None;
+                        record = joined;
                         continue;
                     }
-                    if Instant::now() >= self.give_up {
-                        return match self.cancel(ctx, incarnation, &mine, record, &tried).await? {
-                            Some(held) => Ok(self.grant(&held, now_ms(), &tried)),
-                            None => Err(Error::Exhausted),
-                        };
-                    }
-                    let nap = ctx.poll_interval(ahead, needed, record.pool.count(), &mut pace);
-                    let nap = match record.pool.nth_expiry(needed, now) {
-                        // Wake as the lease that serves us expires, so its
-                        // slot is taken within milliseconds.
-                        Some(expiry) => nap.min(Duration::from_millis(expiry.saturating_sub(now))),
-                        None => nap,
-                    };
-                    let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
-                    tokio::time::sleep(nap).await;
-                    ctx.stats.waited += nap;
-                    record = ctx.load_existing(&self.key).await?;
-                    continue;
-                }
-            };
-            record = self.write(ctx, &record, &update, &mut lost).await?;
+                };
+            record = write(ctx, &self.key, &record, &update, &mut lost).await?;
         }
     }
 
-    /// Writes `update`; the record to decide from next: the new one, the one
-    /// a lost write handed back, or (outcome unknown) a fresh read.
-    /// `read`: the record `update` was planned from.
-    async fn write(
-        &self,
-        ctx: &mut Ctx<'_>,
-        read: &Record,
-        update: &Update,
-        lost: &mut u32,
-    ) -> Result<Record, Error> {
-        match ctx.write(&self.key, read, update).await {
-            Ok(Updated::Written(record)) => {
-                *lost = 0;
-                Ok(record)
-            }
-            Ok(Updated::Lost(record)) => {
-                if ctx.lost(lost).await? {
-                    return ctx.load_existing(&self.key).await;
-                }
-                Ok(record)
-            }
-            Ok(Updated::Gone) => Err(Error::PoolNotFound),
-            Err(err) => ctx.reload(&self.key, err).await?.ok_or(Error::PoolNotFound),
-        }
-    }
-
-    /// Removes our ticket, or finds that our lease was granted meanwhile
-    /// (then the grant stands: a slot is never left to a borrower that
-    /// answered 409). `None` when the ticket is gone and nothing was granted.
-    async fn cancel(
+    /// Waits in the queue until a slot is handed to `mine`, handing free
+    /// slots to the head when it is this reader's turn to, and gives up in
+    /// time to cancel its ticket.
+    async fn wait(
         &self,
         ctx: &mut Ctx<'_>,
         incarnation: u64,
-        ticket: &Ticket,
         mut record: Record,
-        tried: &[u64],
-    ) -> Result<Option<Lease>, Error> {
+        mine: Holder,
+        joined_ms: u64,
+    ) -> Result<Grant, Error> {
+        let mut lost = 0u32;
+        let mut pace = Pace::default();
+        loop {
+            if record.incarnation != incarnation {
+                return Err(Error::PoolNotFound);
+            }
+            let now = now_ms();
+            let (ahead, needed) = match record.pool.plan_wait(&mine, joined_ms, now) {
+                WaitPlan::Granted(lease) => return Ok(self.grant(&lease, now, false)),
+                // Cancelled by a return of its lease id, or pruned as dead.
+                WaitPlan::Gone => return Err(Error::Exhausted),
+                WaitPlan::Waiting {
+                    duty: Some(update), ..
+                } => {
+                    record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    continue;
+                }
+                WaitPlan::Waiting { ahead, needed, .. } => {
+                    if needed == 0 {
+                        // A free slot, but dead tickets block the hand-off.
+                        if let Some(update) = record.pool.plan_prune(now) {
+                            record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                            continue;
+                        }
+                    }
+                    (ahead, needed)
+                }
+            };
+            if Instant::now() >= self.give_up {
+                return self
+                    .give_up(ctx, incarnation, record, mine, joined_ms)
+                    .await;
+            }
+            let nap = ctx.poll_interval(ahead, needed, &record.pool, now, &mut pace);
+            // Once the next returns may serve it, read well within its ttl:
+            // a slot handed to it is its lease from the hand-off on.
+            let nap = if ahead < usize::from(record.pool.count().max(1)) {
+                nap.min(Duration::from_millis(mine.ttl_ms / 3).max(ctx.timing.poll_min))
+            } else {
+                nap
+            };
+            let nap = match record.pool.nth_expiry(needed, now) {
+                // Wake as the lease whose end makes it this reader's turn
+                // expires, so that its slot is handed on within milliseconds.
+                Some(expiry) => nap.min(Duration::from_millis(expiry.saturating_sub(now))),
+                None => nap,
+            };
+            let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(nap).await;
+            ctx.stats.waited += nap;
+            record = ctx.load_existing(&self.key).await?;
+        }
+    }
+
+    /// At the end of its wait: takes its ticket out of the queue, or finds
+    /// the slot handed to it meanwhile (then the grant stands: a slot is
+    /// never left to a borrower that answered 409).
+    async fn give_up(
+        &self,
+        ctx: &mut Ctx<'_>,
+        incarnation: u64,
+        mut record: Record,
+        mine: Holder,
+        joined_ms: u64,
+    ) -> Result<Grant, Error> {
         let mut lost = 0u32;
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
             }
-            // Ours even if expired since (a take of ours that landed late), or
-            // a live twin's.
-            let held = ours(&record, ticket.digest, tried)
-                .or_else(|| record.pool.live_lease(ticket.digest, now_ms()))
-                .copied();
-            let Some(update) = record.pool.plan_cancel(ticket) else {
-                return Ok(held);
+            let now = now_ms();
+            if let WaitPlan::Granted(lease) = record.pool.plan_wait(&mine, joined_ms, now) {
+                return Ok(self.grant(&lease, now, false));
+            }
+            let Some(update) = record.pool.plan_cancel(&mine) else {
+                return Err(Error::Exhausted);
             };
-            record = self.write(ctx, &record, &update, &mut lost).await?;
+            record = write(ctx, &self.key, &record, &update, &mut lost).await?;
         }
     }
 
-    /// The answer for a lease held under our id: our own grant carries its
-    /// full ttl (API.md: `expires_in` is the clamped ttl), an idempotent
-    /// repeat of an earlier request's grant the time left.
-    fn grant(&self, lease: &Lease, now_ms: u64, tried: &[u64]) -> Grant {
-        let expires_in_ms = if tried.contains(&lease.expires_at_ms) {
-            self.ttl_ms
+    /// The answer for a lease held under our id: a slot this request took
+    /// carries its full ttl (API.md: `expires_in` is the clamped ttl); one
+    /// handed to it while it waited, or an idempotent repeat, the time left.
+    fn grant(&self, lease: &Lease, now_ms: u64, own: bool) -> Grant {
+        let expires_in_ms = if own {
+            lease.ttl_ms
         } else {
             lease.expires_at_ms.saturating_sub(now_ms).max(1)
         };
@@ -601,6 +575,32 @@ impl Borrower {
             expires_in_ms,
             fence: lease.fence,
         }
+    }
+}
+
+/// Writes `update`, planned from `read`; the record to decide from next: the
+/// new one, the one a lost write handed back, or (outcome unknown) a fresh
+/// read.
+async fn write(
+    ctx: &mut Ctx<'_>,
+    key: &PoolKey,
+    read: &Record,
+    update: &Update,
+    lost: &mut u32,
+) -> Result<Record, Error> {
+    match ctx.write(key, read, update).await {
+        Ok(Updated::Written(record)) => {
+            *lost = 0;
+            Ok(record)
+        }
+        Ok(Updated::Lost(record)) => {
+            if ctx.lost(lost).await? {
+                return ctx.load_existing(key).await;
+            }
+            Ok(record)
+        }
+        Ok(Updated::Gone) => Err(Error::PoolNotFound),
+        Err(err) => ctx.reload(key, err).await?.ok_or(Error::PoolNotFound),
     }
 }
 
@@ -627,23 +627,13 @@ impl Ctx<'_> {
         result
     }
 
-    /// Writes `update`, planned from `read`, conditioned on `read`'s
-    /// incarnation (and, by the old policy, on all of `read`).
+    /// Writes `update`, planned from `read`, conditioned on `read`'s incarnation.
     async fn write(
         &mut self,
         key: &PoolKey,
         read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let pinned;
-        let update = if self.policy.whole_item_writes {
-            let mut all = update.clone();
-            all.expect.extend(read.pool.pins());
-            pinned = all;
-            &pinned
-        } else {
-            update
-        };
         let result = self
             .call(self.store.update(key, read.incarnation, update))
             .await;
@@ -698,12 +688,11 @@ impl Ctx<'_> {
         if Instant::now() >= self.answer_by {
             return Err(Error::Contention);
         }
-        // The old policy napped after every lost write.
-        let immediate = if self.policy.whole_item_writes { 0 } else { 2 };
-        if *lost <= immediate {
+        const IMMEDIATE: u32 = 2;
+        if *lost <= IMMEDIATE {
             return Ok(false);
         }
-        let mut n = *lost - immediate;
+        let mut n = *lost - IMMEDIATE;
         self.nap(&mut n, self.timing.conflict_first, self.timing.conflict_cap)
             .await
             .map_err(|()| Error::Contention)?;
@@ -724,66 +713,56 @@ impl Ctx<'_> {
         Ok(())
     }
 
-    /// The old policy's poll: 15 ms doubling to 90 ms, jittered to ½–1×.
-    fn unfair_poll_interval(&mut self, polls: u32) -> Duration {
-        let full = Duration::from_millis(15)
-            .saturating_mul(1u32 << polls.min(16))
-            .min(Duration::from_millis(90));
-        full.mul_f64(0.5 + 0.5 * self.jitter.next_unit())
-    }
-
-    /// How long a waiter sleeps: `ahead` live tickets are in front of it and
-    /// its turn comes after `needed` more slots free up, on a pool of `count`
-    /// slots; `pace` is the queue's speed as this waiter has seen it.
+    /// How long a waiter sleeps: `ahead` live tickets are before it and its
+    /// turn comes after `needed` more slots free up; `pace` is how fast the
+    /// pool has granted as this waiter has seen it.
     fn poll_interval(
         &mut self,
         ahead: usize,
         needed: usize,
-        count: u16,
+        pool: &Pool,
+        now_ms: u64,
         pace: &mut Pace,
     ) -> Duration {
         let timing = self.timing;
-        let by_place = timing.by_place(needed, count);
-        // The first nap after joining is at most `poll`: one early read tells
-        // how fast the queue moves (a queue that moves faster than one place
-        // per `poll` would otherwise never be seen to).
-        let first = pace.last.is_none();
-        let full = match pace.turn_in(ahead, Instant::now()) {
-            Some(turn) => turn.clamp(timing.poll_min.min(by_place), by_place),
-            None if first => by_place.min(timing.poll),
-            None => by_place,
+        let by_place = timing.by_place(ahead, pool.count());
+        let full = match pace.observe(pool.next_fence(), now_ms) {
+            // Half the time its turn is expected to take: a grant is seen
+            // about a quarter of that after it lands, on average.
+            Some(per_second) => Duration::from_secs_f64((needed.max(1) as f64 / per_second) / 2.0)
+                .clamp(timing.poll_min.min(by_place), by_place),
+            // The first nap after joining is at most `poll`: an early read
+            // tells how fast the pool grants.
+            None => by_place.min(timing.poll),
         };
         full.mul_f64(0.75 + 0.25 * self.jitter.next_unit())
     }
 }
 
-/// How fast the queue moves past one waiter: places advanced per second,
-/// smoothed over its polls.
+/// How fast a pool grants, as one waiter sees it: fences issued per second
+/// between its reads, smoothed.
 #[derive(Default)]
 struct Pace {
-    last: Option<(Instant, usize)>,
+    last: Option<(u64, u64)>,
     per_second: Option<f64>,
 }
 
 impl Pace {
-    /// When this waiter's turn may come, `ahead` places from the front at
-    /// `now`; `None` until the queue has been seen to move.
-    fn turn_in(&mut self, ahead: usize, now: Instant) -> Option<Duration> {
+    /// Takes in a read at `now_ms` showing the next fence `fence`; the
+    /// grants per second seen so far (`None` until two reads, or while
+    /// nothing is granted).
+    fn observe(&mut self, fence: u64, now_ms: u64) -> Option<f64> {
         if let Some((then, before)) = self.last {
-            let seconds = now.saturating_duration_since(then).as_secs_f64();
-            if seconds > 0.0 {
-                let moved = before.saturating_sub(ahead) as f64 / seconds;
+            if now_ms > then {
+                let rate = fence.saturating_sub(before) as f64 * 1000.0 / (now_ms - then) as f64;
                 self.per_second = Some(match self.per_second {
-                    Some(rate) => 0.5 * rate + 0.5 * moved,
-                    None => moved,
+                    Some(old) => 0.5 * old + 0.5 * rate,
+                    None => rate,
                 });
             }
         }
-        self.last = Some((now, ahead));
-        let rate = self.per_second.filter(|r| *r > 0.0)?;
-        Some(Duration::from_secs_f64(
-            ((ahead + 1) as f64 / rate).min(3600.0),
-        ))
+        self.last = Some((now_ms, fence));
+        self.per_second.filter(|r| *r > 0.0)
     }
 }
 
@@ -810,33 +789,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn waiters_read_in_rounds_of_count_slots() {
+    fn waiters_read_in_rounds_that_double() {
         let timing = Timing::default();
         let ms = |n| Duration::from_millis(n);
         // Count 1: one round per place.
-        assert_eq!(timing.by_place(1, 1), ms(70));
-        assert_eq!(timing.by_place(2, 1), ms(140));
+        assert_eq!(timing.by_place(0, 1), ms(70));
+        assert_eq!(timing.by_place(1, 1), ms(140));
+        assert_eq!(timing.by_place(2, 1), ms(280));
         // Count 4: the next four freed slots serve the first round.
-        assert_eq!(timing.by_place(4, 4), ms(70));
-        assert_eq!(timing.by_place(5, 4), ms(140));
+        assert_eq!(timing.by_place(3, 4), ms(70));
+        assert_eq!(timing.by_place(4, 4), ms(140));
         // A big pool's rounds are 4 wide; far back, every 2 s.
-        assert_eq!(timing.by_place(9, 1000), ms(210));
+        assert_eq!(timing.by_place(8, 1000), ms(280));
         assert_eq!(timing.by_place(900, 4), ms(2000));
-        // Count 0 (a pool shrunk to nothing) and nothing needed are sane.
+        // Count 0 (a pool shrunk to nothing) is sane.
         assert_eq!(timing.by_place(0, 0), ms(70));
     }
 
     #[test]
-    fn waiters_poll_as_fast_as_the_queue_moves() {
+    fn the_pace_is_grants_per_second_between_reads() {
         let mut pace = Pace::default();
-        let t0 = Instant::now();
-        assert_eq!(pace.turn_in(9, t0), None, "unknown until it moves");
-        // Five places in 100 ms: 50 per second; five places to go: 100 ms.
-        let turn = pace.turn_in(4, t0 + Duration::from_millis(100)).unwrap();
-        assert_eq!(turn, Duration::from_millis(100));
-        // Standing still halves the pace each time.
-        let turn = pace.turn_in(4, t0 + Duration::from_millis(200)).unwrap();
-        assert_eq!(turn, Duration::from_millis(200));
+        assert_eq!(pace.observe(10, 1_000), None, "unknown until two reads");
+        assert_eq!(pace.observe(15, 1_100), Some(50.0));
+        // Nothing granted since: the estimate halves.
+        assert_eq!(pace.observe(15, 1_200), Some(25.0));
     }
 
     #[test]

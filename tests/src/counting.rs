@@ -3,12 +3,14 @@
 //! `PoolStore` wrapper), and capacity units — both a model from item sizes and
 //! whatever DynamoDB reports.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_dynamodb::config::interceptors::{
+    BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
+};
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
 use semaphore::domain::Update;
 use semaphore::keys::PoolKey;
@@ -35,6 +37,18 @@ pub struct Counters {
     pub model_rcu_milli: AtomicU64,
     /// What DynamoDB put in `ConsumedCapacity` (successful calls only), × 1000.
     pub reported_milli: Arc<AtomicU64>,
+    /// Every attempt on the wire, by operation and outcome (see [`Outcome`]).
+    pub wire: Mutex<BTreeMap<(String, Outcome), u64>>,
+}
+
+/// How one HTTP attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Outcome {
+    Ok,
+    /// A conditional write whose condition failed: billed like a write.
+    ConditionFailed,
+    /// Any other error answer, or none (a timeout, a reset connection).
+    Failed,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -54,6 +68,22 @@ pub struct Snapshot {
 }
 
 impl Counters {
+    /// The attempts on the wire so far, by operation and outcome.
+    pub fn wire(&self) -> BTreeMap<(String, Outcome), u64> {
+        self.wire.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Attempts between two [`Counters::wire`] readings, leaving out zeros.
+    pub fn wire_since(
+        now: &BTreeMap<(String, Outcome), u64>,
+        before: &BTreeMap<(String, Outcome), u64>,
+    ) -> BTreeMap<(String, Outcome), u64> {
+        now.iter()
+            .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         Snapshot {
@@ -138,6 +168,14 @@ tokio::task_local! {
 #[derive(Debug)]
 pub struct HttpCounter(pub Arc<Counters>);
 
+/// The operation of the attempt each task has on the wire (a task makes
+/// one store call at a time): the request is gone when the attempt ends.
+fn in_flight() -> &'static Mutex<HashMap<Option<tokio::task::Id>, String>> {
+    static IN_FLIGHT: std::sync::OnceLock<Mutex<HashMap<Option<tokio::task::Id>, String>>> =
+        std::sync::OnceLock::new();
+    IN_FLIGHT.get_or_init(Mutex::default)
+}
+
 impl Intercept for HttpCounter {
     fn name(&self) -> &'static str {
         "semaphore_tests::HttpCounter"
@@ -155,6 +193,13 @@ impl Intercept for HttpCounter {
             .headers()
             .get("x-amz-target")
             .unwrap_or("");
+        in_flight()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                tokio::task::try_id(),
+                target.rsplit('.').next().unwrap_or("?").to_string(),
+            );
         let counter = match target.rsplit('.').next() {
             Some("GetItem") => &self.0.http_get,
             Some("PutItem" | "UpdateItem") => &self.0.http_put,
@@ -162,6 +207,39 @@ impl Intercept for HttpCounter {
             _ => &self.0.http_other,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &FinalizerInterceptorContextRef<'_>,
+        _: &RuntimeComponents,
+        _: &mut ConfigBag,
+    ) -> Result<(), aws_sdk_dynamodb::error::BoxError> {
+        let operation = in_flight()
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&tokio::task::try_id())
+            .unwrap_or_else(|| "?".to_string());
+        let outcome = match context.response() {
+            Some(response) if response.status().is_success() => Outcome::Ok,
+            Some(response) => {
+                let body = response.body().bytes().unwrap_or_default();
+                if String::from_utf8_lossy(body).contains("ConditionalCheckFailed") {
+                    Outcome::ConditionFailed
+                } else {
+                    Outcome::Failed
+                }
+            }
+            None => Outcome::Failed,
+        };
+        *self
+            .0
+            .wire
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry((operation, outcome))
+            .or_default() += 1;
         Ok(())
     }
 }

@@ -284,7 +284,7 @@ mod tests {
             ..FaultPlan::none()
         };
         let store = FaultyStore::new(inner.clone(), plan, 1, counts.clone());
-        let key = PoolKey([1; 32]);
+        let key = PoolKey([1; 16]);
         let record = Record::new(Pool::new(2, 0));
         assert!(store.create(&key, &record).await.is_err());
         // The write landed although the caller saw an error.
@@ -297,7 +297,7 @@ mod tests {
             ..FaultPlan::none()
         };
         let store = FaultyStore::new(inner.clone(), plan, 1, counts.clone());
-        let resize = record.pool.plan_resize(3).unwrap();
+        let resize = record.pool.plan_resize(3, 0).unwrap();
         let Ok(Updated::Lost(now)) = store.update(&key, record.incarnation, &resize).await else {
             panic!("a landed write reported lost")
         };

@@ -12,6 +12,8 @@ use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
 use semaphore::{config, Limits, Service};
 use serde_json::Value;
 
+use crate::counting::{Counters, HttpCounter};
+
 /// The table every test shares; pools are random UUIDs, so tests never collide.
 pub const TABLE: &str = "semaphore-tests";
 
@@ -38,6 +40,21 @@ pub async fn dynamodb_client() -> aws_sdk_dynamodb::Client {
 
 pub async fn dynamodb_store() -> Arc<dyn PoolStore> {
     Arc::new(DynamoDbStore::new(dynamodb_client().await, TABLE))
+}
+
+/// A DynamoDB store whose every HTTP attempt is counted into `counters`
+/// (by operation and outcome: what DynamoDB bills).
+pub async fn dynamodb_store_on_the_wire(counters: Arc<Counters>) -> Arc<dyn PoolStore> {
+    let base = dynamodb_client().await;
+    let conf = base
+        .config()
+        .to_builder()
+        .interceptor(HttpCounter(counters))
+        .build();
+    Arc::new(DynamoDbStore::new(
+        aws_sdk_dynamodb::Client::from_conf(conf),
+        TABLE,
+    ))
 }
 
 pub fn memory_store() -> Arc<dyn PoolStore> {

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use semaphore::domain::{LeaseDigest, Update};
+use semaphore::domain::{Change, LeaseDigest, Update};
 use semaphore::keys::{LeaseId, PoolKey};
 use semaphore::service::now_ms;
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
@@ -49,6 +49,10 @@ pub struct StoredLease {
     pub deleted_ms: Option<u64>,
     /// The API call that wrote it, if known (see [`CALLER`]).
     pub caller: Option<u64>,
+    /// The borrow that queued for it, when a hand-off granted it: the lease
+    /// is in flight until that borrow answers, as a take's is until its own
+    /// call answers.
+    pub borrower: Option<u64>,
 }
 
 impl StoredLease {
@@ -65,6 +69,8 @@ impl StoredLease {
 #[derive(Default)]
 pub struct Truth {
     seen: Mutex<HashMap<(PoolKey, u64), StoredLease>>,
+    /// The call that queued each lease id for a pool (its borrow).
+    queued: Mutex<HashMap<(PoolKey, LeaseDigest), u64>>,
     /// When each delete that removed a pool started and returned, by pool.
     deletes: Mutex<HashMap<PoolKey, Vec<(u64, u64)>>>,
 }
@@ -74,9 +80,11 @@ impl Truth {
     /// its write.
     pub fn leases(&self) -> Vec<StoredLease> {
         let deletes = lock(&self.deletes);
+        let queued = lock(&self.queued);
         lock(&self.seen)
             .values()
             .map(|lease| StoredLease {
+                borrower: queued.get(&(lease.key, lease.digest)).copied(),
                 // The first delete that returned after the write removed
                 // it, at some instant in that delete's call: judged at the
                 // earliest, as the checker judges every call.
@@ -94,9 +102,10 @@ impl Truth {
     }
 
     /// Records the leases of `record`, returned by a call started at
-    /// `since`; `granting`: the digest the call's update granted, if any —
-    /// that call wrote the lease with this digest.
-    fn saw(&self, key: &PoolKey, record: &Record, since: u64, granting: Option<LeaseDigest>) {
+    /// `since`; `granting`: the position the call's update granted, if any —
+    /// that call wrote the lease there (a take, or a hand-off by a return
+    /// or a waiter to the head of the queue).
+    fn saw(&self, key: &PoolKey, record: &Record, since: u64, granting: Option<u16>) {
         let caller = CALLER.try_with(|c| *c).ok();
         let mut seen = lock(&self.seen);
         for lease in record.pool.leases() {
@@ -110,9 +119,11 @@ impl Truth {
                 first_seen_ms: since,
                 deleted_ms: None,
                 caller: None,
+                borrower: None,
             });
+            let new = entry.first_seen_ms >= since;
             entry.first_seen_ms = entry.first_seen_ms.min(since);
-            if granting == Some(lease.digest) {
+            if new && granting == Some(lease.position) {
                 entry.caller = caller;
             }
         }
@@ -163,10 +174,17 @@ impl PoolStore for Recorder {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let since = now_ms();
-        let granting = update.changes.iter().find_map(|c| match c {
-            semaphore::domain::Change::Grant { digest, .. } => Some(*digest),
+        let granting = update.changes.iter().find_map(|c| match *c {
+            Change::Take { position, .. } | Change::HandOff { position, .. } => Some(position),
             _ => None,
         });
+        if let Some(caller) = CALLER.try_with(|c| *c).ok() {
+            for change in &update.changes {
+                if let Change::Append(ticket) = change {
+                    lock(&self.truth.queued).insert((*key, ticket.holder.digest), caller);
+                }
+            }
+        }
         let updated = self.inner.update(key, incarnation, update).await?;
         if let Updated::Written(now) | Updated::Lost(now) = &updated {
             self.truth.saw(key, now, since, granting);
@@ -220,9 +238,10 @@ impl Orphans {
 
 /// The stored leases of `truth` that no borrow in `ops` answered 200 with,
 /// and how long each held its position after the call that wrote it had
-/// answered (`callers`: caller id → op index; before the answer, a lease is
-/// a grant in flight like any other) — or, when that call is unknown, from
-/// its write — until its expiry (nobody could return it) or its pool's delete.
+/// answered, and the borrow it was handed to, if any (`callers`: caller id →
+/// op index; before those answers, a lease is a grant in flight like any
+/// other) — or, when the writer is unknown, from its write — until its
+/// expiry (nobody could return it) or its pool's delete.
 pub fn orphans(truth: &[StoredLease], ops: &[Op], callers: &HashMap<u64, usize>) -> Orphans {
     let told: HashSet<(PoolKey, LeaseDigest)> = ops
         .iter()
@@ -236,11 +255,15 @@ pub fn orphans(truth: &[StoredLease], ops: &[Op], callers: &HashMap<u64, usize>)
     let mut found = Orphans::default();
     for lease in truth {
         if !told.contains(&(lease.key, lease.digest)) {
-            let answered = lease
-                .caller
-                .and_then(|c| callers.get(&c))
-                .and_then(|&i| ops.get(i))
-                .map_or(lease.first_seen_ms, |op| op.response_ms);
+            let answer = |caller: Option<u64>| {
+                caller
+                    .and_then(|c| callers.get(&c))
+                    .and_then(|&i| ops.get(i))
+                    .map(|op| op.response_ms)
+            };
+            let answered = answer(lease.caller)
+                .unwrap_or(lease.first_seen_ms)
+                .max(answer(lease.borrower).unwrap_or(0));
             found.slot_ms += lease.held_after(answered);
             found.leases.push(*lease);
         }

@@ -54,7 +54,7 @@ async fn register_creates_then_updates(backend: Backend) {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({"id": id, "count": 4, "in_use": 0, "available": 4})
+        json!({"id": id, "count": 4, "in_use": 0, "available": 4, "waiting": 0})
     );
     // The same call again is idempotent.
     assert_eq!(api.register(&id, 4).await, (200, body));
@@ -63,7 +63,7 @@ async fn register_creates_then_updates(backend: Backend) {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({"id": id, "count": 6, "in_use": 0, "available": 6})
+        json!({"id": id, "count": 6, "in_use": 0, "available": 6, "waiting": 0})
     );
     assert_eq!(api.inspect(&id).await.1["count"], 6);
     // Upper bound of the range.
@@ -293,7 +293,7 @@ async fn count_zero_never_grants(backend: Backend) {
     let id = pool_id();
     assert_eq!(
         api.register(&id, 0).await.1,
-        json!({"id": id, "count": 0, "in_use": 0, "available": 0})
+        json!({"id": id, "count": 0, "in_use": 0, "available": 0, "waiting": 0})
     );
     assert_eq!(api.borrow(&id, 1.0, 0.0).await.0, 409);
     assert_eq!(api.borrow(&id, 1.0, 0.2).await.0, 409);
@@ -408,7 +408,7 @@ async fn inspect_never_reveals_leases(backend: Backend) {
     assert_eq!(status, 200);
     assert_eq!(
         body,
-        json!({"id": id, "count": 2, "in_use": 1, "available": 1})
+        json!({"id": id, "count": 2, "in_use": 1, "available": 1, "waiting": 0})
     );
     assert!(!body.to_string().contains(&lease));
 }
@@ -469,7 +469,7 @@ async fn bad_input_is_400_json(backend: Backend) {
     // Nothing was half-written by the bad requests.
     assert_eq!(
         api.inspect(&id).await.1,
-        json!({"id": id, "count": 1, "in_use": 0, "available": 1})
+        json!({"id": id, "count": 1, "in_use": 0, "available": 1, "waiting": 0})
     );
     // Unknown fields are ignored.
     assert_eq!(

@@ -1,49 +1,195 @@
-//! DynamoDB calls per operation, uncontended (budget: borrow ≤ 2, return ≤ 2,
-//! inspect 1, register ≤ 2, delete 1), on DynamoDB Local.
+//! DynamoDB requests per operation, counted on the wire (every SDK attempt,
+//! by operation and outcome, as DynamoDB bills them), on DynamoDB Local.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use semaphore::domain::{BorrowPlan, Holder};
+use semaphore::keys::LeaseId;
+use semaphore::service::now_ms;
+use semaphore::store::Updated;
 use semaphore::Limits;
-use semaphore_tests::counting::{Counters, CountingStore};
-use semaphore_tests::harness::{dynamodb_store, pool_id, ApiClient};
+use semaphore_tests::counting::{Counters, Outcome};
+use semaphore_tests::harness::{dynamodb_store_on_the_wire, pool_id, ApiClient};
 
-/// Runs one request and checks its status and its number of DynamoDB calls
-/// (each store call is exactly one DynamoDB request).
-macro_rules! calls {
+/// What a list of `(operation, outcome, count)` means on the wire.
+fn wire(expected: &[(&str, Outcome, u64)]) -> BTreeMap<(String, Outcome), u64> {
+    expected
+        .iter()
+        .map(|(op, outcome, n)| ((op.to_string(), *outcome), *n))
+        .collect()
+}
+
+/// Runs one request and checks its status and exactly the requests it sent.
+macro_rules! sends {
     ($counters:expr, $label:expr, $expected:expr, $request:expr) => {{
-        let before = $counters.snapshot();
+        let before = $counters.wire();
         let (status, body) = $request.await;
         assert_eq!(status, 200, "{}: {}", $label, body);
-        let calls = $counters.snapshot().since(&before).store_calls();
-        println!("{:<28} {} DynamoDB call(s)", $label, calls);
-        assert_eq!(calls, $expected, "{} took {} calls", $label, calls);
+        let sent = Counters::wire_since(&$counters.wire(), &before);
+        println!("{:<30} {:?}", $label, sent);
+        assert_eq!(sent, wire(&$expected), "{}", $label);
         body
     }};
 }
 
+use Outcome::{ConditionFailed as Lost, Ok as Won};
+
 #[tokio::test]
-async fn uncontended_operations_stay_within_their_call_budget() {
+async fn uncontended_operations_send_exactly_their_requests() {
     let counters = Arc::new(Counters::default());
-    let store = Arc::new(CountingStore::new(dynamodb_store().await, counters.clone()));
+    let store = dynamodb_store_on_the_wire(counters.clone()).await;
     let api = ApiClient::new(store, Limits::default());
     let id = pool_id();
-    let start = counters.snapshot();
 
-    calls!(counters, "register (new pool)", 1, api.register(&id, 1));
-    calls!(counters, "register (same count)", 1, api.register(&id, 1));
-    calls!(counters, "register (new count)", 2, api.register(&id, 2));
-    calls!(counters, "inspect", 1, api.inspect(&id));
-    let body = calls!(counters, "borrow", 2, api.borrow(&id, 60.0, 0.0));
-    let lease = body["lease"].as_str().unwrap().to_string();
-    calls!(counters, "return", 2, api.return_lease(&id, &lease));
-    calls!(
+    sends!(
         counters,
-        "return (already returned)",
-        1,
+        "register (new pool)",
+        [("PutItem", Won, 1)],
+        api.register(&id, 1)
+    );
+    // An existing pool: its create fails and hands the pool back.
+    sends!(
+        counters,
+        "register (same count)",
+        [("PutItem", Lost, 1)],
+        api.register(&id, 1)
+    );
+    sends!(
+        counters,
+        "register (new count)",
+        [("PutItem", Lost, 1), ("UpdateItem", Won, 1)],
+        api.register(&id, 2)
+    );
+    sends!(counters, "inspect", [("GetItem", Won, 1)], api.inspect(&id));
+    let body = sends!(
+        counters,
+        "borrow",
+        [("GetItem", Won, 1), ("UpdateItem", Won, 1)],
+        api.borrow(&id, 60.0, 0.0)
+    );
+    let lease = body["lease"].as_str().unwrap().to_string();
+    sends!(
+        counters,
+        "return",
+        [("GetItem", Won, 1), ("UpdateItem", Won, 1)],
         api.return_lease(&id, &lease)
     );
-    calls!(counters, "delete", 1, api.delete(&id));
-    // Only the two PUTs of an existing pool met a failed condition: they learn
-    // the pool from the failed create instead of reading it first.
-    assert_eq!(counters.snapshot().since(&start).conflicts, 2);
+    // A return of an id the pool does not hold is remembered (a cancel may
+    // overtake its borrow): one read, one write.
+    sends!(
+        counters,
+        "return (already returned)",
+        [("GetItem", Won, 1), ("UpdateItem", Won, 1)],
+        api.return_lease(&id, &lease)
+    );
+    sends!(
+        counters,
+        "return (remembered)",
+        [("GetItem", Won, 1)],
+        api.return_lease(&id, &lease)
+    );
+    sends!(
+        counters,
+        "delete",
+        [("DeleteItem", Won, 1)],
+        api.delete(&id)
+    );
+}
+
+/// A lost race costs one billed write: the failed `UpdateItem` itself, which
+/// hands the item back; nothing else is sent.
+#[tokio::test]
+async fn a_lost_race_is_one_failed_update_and_nothing_more() {
+    let counters = Arc::new(Counters::default());
+    let store = dynamodb_store_on_the_wire(counters.clone()).await;
+    let api = ApiClient::new(store.clone(), Limits::default());
+    let id = pool_id();
+    api.register(&id, 1).await;
+    let key = semaphore::api::parse_pool_id(&id).unwrap().key();
+    let read = store.load(&key).await.unwrap().unwrap();
+    let plan = |n: u8| {
+        let holder = Holder {
+            digest: LeaseId(uuid::Uuid::from_bytes([n; 16])).digest(),
+            ttl_ms: 60_000,
+        };
+        match read.pool.plan_borrow(holder, now_ms(), now_ms(), 100) {
+            BorrowPlan::Take { update, .. } => update,
+            other => panic!("{other:?}"),
+        }
+    };
+    let (first, second) = (plan(1), plan(2));
+    assert!(matches!(
+        store.update(&key, read.incarnation, &first).await.unwrap(),
+        Updated::Written(_)
+    ));
+    let before = counters.wire();
+    let lost = store.update(&key, read.incarnation, &second).await.unwrap();
+    let Updated::Lost(now) = lost else {
+        panic!("{lost:?}")
+    };
+    assert_eq!(now.pool.in_use(now_ms()), 1, "the item as it is now");
+    assert_eq!(
+        Counters::wire_since(&counters.wire(), &before),
+        wire(&[("UpdateItem", Lost, 1)])
+    );
+}
+
+/// Two returns that read the same queue both land: each hands its slot to
+/// the head of the queue as it finds it, and neither conditions on the other.
+#[tokio::test]
+async fn concurrent_returns_with_waiters_never_collide() {
+    let counters = Arc::new(Counters::default());
+    let store = dynamodb_store_on_the_wire(counters.clone()).await;
+    let api = ApiClient::new(store.clone(), Limits::default());
+    let id = pool_id();
+    api.register(&id, 2).await;
+    let a = api.borrow(&id, 60.0, 0.0).await.1["lease"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let b = api.borrow(&id, 60.0, 0.0).await.1["lease"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let waiters: Vec<_> = (0..2)
+        .map(|_| {
+            let api = ApiClient::new(store.clone(), Limits::default());
+            let id = id.clone();
+            tokio::spawn(async move { api.borrow(&id, 60.0, 10.0).await })
+        })
+        .collect();
+    while api.inspect(&id).await.1["waiting"] != 2 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    // Both returns read before either writes.
+    let key = semaphore::api::parse_pool_id(&id).unwrap().key();
+    let read = store.load(&key).await.unwrap().unwrap();
+    let updates: Vec<_> = [&a, &b]
+        .iter()
+        .map(|lease| {
+            let digest = LeaseId(uuid::Uuid::parse_str(lease).unwrap()).digest();
+            match read.pool.plan_return(digest, now_ms()) {
+                semaphore::domain::ReturnPlan::Return(_, update) => update,
+                other => panic!("{other:?}"),
+            }
+        })
+        .collect();
+    let before = counters.wire();
+    for update in &updates {
+        let outcome = store.update(&key, read.incarnation, update).await.unwrap();
+        assert!(matches!(outcome, Updated::Written(_)), "{outcome:?}");
+    }
+    assert_eq!(
+        Counters::wire_since(&counters.wire(), &before),
+        wire(&[("UpdateItem", Won, 2)])
+    );
+    let mut positions: Vec<u64> = Vec::new();
+    for waiter in waiters {
+        let (status, body) = waiter.await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        positions.push(body["position"].as_u64().unwrap());
+    }
+    positions.sort_unstable();
+    assert_eq!(positions, vec![0, 1]);
 }

@@ -26,12 +26,12 @@ fn op(client: usize, pool: &str, call: Call, status: u16, body: Value, from: u64
 }
 
 fn register(pool: &str, count: u32, in_use: u32, from: u64, to: u64) -> Op {
-    let body = json!({"id": pool, "count": count, "in_use": in_use, "available": count.saturating_sub(in_use)});
+    let body = json!({"id": pool, "count": count, "in_use": in_use, "available": count.saturating_sub(in_use), "waiting": 0});
     op(0, pool, Call::Register { count }, 200, body, from, to)
 }
 
 fn inspect(pool: &str, count: u32, in_use: u32, from: u64, to: u64) -> Op {
-    let body = json!({"id": pool, "count": count, "in_use": in_use, "available": count.saturating_sub(in_use)});
+    let body = json!({"id": pool, "count": count, "in_use": in_use, "available": count.saturating_sub(in_use), "waiting": 0});
     op(9, pool, Call::Inspect, 200, body, from, to)
 }
 
@@ -519,6 +519,7 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
         first_seen_ms: T + 15,
         deleted_ms: None,
         caller: None,
+        borrower: None,
     };
     let error = json!({"error": "database call failed; retry with backoff"});
     let lost_answer = op(

@@ -4,14 +4,21 @@
 
 use std::time::{Duration, Instant};
 
-use semaphore::domain::{BorrowPlan, LeaseDigest, Pool};
-use semaphore::keys::PoolId;
+use semaphore::domain::{BorrowPlan, Holder, LeaseDigest, Pool, ReturnPlan};
+use semaphore::keys::{LeaseId, PoolId};
 use semaphore::service::{now_ms, BorrowRequest, Call};
 use semaphore::Limits;
 use semaphore_tests::harness::{dynamodb_store, memory_store, pool_id, ApiClient};
 
 fn d(n: u8) -> LeaseDigest {
-    LeaseDigest([n; 16])
+    LeaseDigest([n; 8])
+}
+
+fn holder(n: u8, ttl_ms: u64) -> Holder {
+    Holder {
+        digest: d(n),
+        ttl_ms,
+    }
 }
 
 fn parse(id: &str) -> PoolId {
@@ -20,7 +27,7 @@ fn parse(id: &str) -> PoolId {
 
 /// The position a newcomer would be granted at `now`, if any.
 fn grant(pool: &Pool, n: u8, expires_at_ms: u64, now: u64) -> Option<u16> {
-    match pool.plan_borrow(d(n), expires_at_ms, now, None) {
+    match pool.plan_borrow(holder(n, expires_at_ms - now), now, now, 100) {
         BorrowPlan::Take { position, .. } => Some(position),
         _ => None,
     }
@@ -29,7 +36,7 @@ fn grant(pool: &Pool, n: u8, expires_at_ms: u64, now: u64) -> Option<u16> {
 #[test]
 fn a_lease_expiring_exactly_now_is_free_now() {
     let mut pool = Pool::new(1, 0);
-    let BorrowPlan::Take { update, .. } = pool.plan_borrow(d(1), 1000, 0, None) else {
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(1, 1000), 0, 0, 100) else {
         panic!("an empty pool grants")
     };
     pool = pool.apply(&update).unwrap();
@@ -41,7 +48,10 @@ fn a_lease_expiring_exactly_now_is_free_now() {
     assert!(pool.live_lease(d(1), 1000).is_none());
     assert_eq!(pool.state(1000).in_use, 0);
     assert_eq!(pool.nth_expiry(1, 1000), None);
-    assert!(pool.plan_return(d(1), 1000).is_none());
+    assert!(matches!(
+        pool.plan_return(d(1), 1000),
+        ReturnPlan::Expired(_)
+    ));
     assert_eq!(grant(&pool, 2, 2000, 1000), Some(0));
 }
 
@@ -60,7 +70,7 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
             BorrowRequest {
                 ttl_ms: 5_000,
                 wait_ms: 0,
-                lease: None,
+                lease: LeaseId::new_random(),
             },
             &mut Call::default(),
         )
@@ -72,7 +82,7 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
             BorrowRequest {
                 ttl_ms: 120,
                 wait_ms: 0,
-                lease: None,
+                lease: LeaseId::new_random(),
             },
             &mut Call::default(),
         )
@@ -88,7 +98,7 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
             BorrowRequest {
                 ttl_ms: 5_000,
                 wait_ms: 0,
-                lease: None,
+                lease: LeaseId::new_random(),
             },
             &mut Call::default(),
         )

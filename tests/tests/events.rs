@@ -61,7 +61,7 @@ async fn every_event_fixture_runs_through_the_real_handler() {
         (status, body),
         (
             200,
-            json!({"id": POOL, "count": 2, "in_use": 0, "available": 2})
+            json!({"id": POOL, "count": 2, "in_use": 0, "available": 2, "waiting": 0})
         )
     );
 
@@ -77,7 +77,7 @@ async fn every_event_fixture_runs_through_the_real_handler() {
         (status, body),
         (
             200,
-            json!({"id": POOL, "count": 2, "in_use": 1, "available": 1})
+            json!({"id": POOL, "count": 2, "in_use": 1, "available": 1, "waiting": 0})
         )
     );
 

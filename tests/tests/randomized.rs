@@ -231,36 +231,6 @@ async fn dynamodb_random_history_is_correct() {
     run_and_check("dynamodb", workload, &apis, &truth, &clean, false).await;
 }
 
-/// The replaced design, kept selectable for benchmarks (whole-item
-/// conditions, waiting without a queue), keeps every promise but fair
-/// waiting: the benchmark's baseline is a correct one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_old_policy_is_correct_but_for_fairness() {
-    let store = memory_store();
-    let old = semaphore::service::Policy {
-        whole_item_writes: true,
-        fair_waiting: false,
-    };
-    let apis: Vec<Arc<ApiClient>> = (0..INSTANCES)
-        .map(|_| {
-            Arc::new(ApiClient {
-                service: semaphore::Service::new(store.clone(), LIMITS).with_policy(old),
-            })
-        })
-        .collect();
-    let workload = Workload::new(seed(), operations(1500));
-    let run = workload::run(&workload, &apis).await;
-    let violations: Vec<_> = check(&run.ops, &config(false))
-        .into_iter()
-        .filter(|v| v.rule != Rule::Overtaken)
-        .collect();
-    assert!(
-        violations.is_empty(),
-        "old policy (SEMAPHORE_SEED={}): {violations:#?}",
-        workload.seed
-    );
-}
-
 /// Store calls fail before or after landing, land and are then reported lost
 /// (an SDK retry of a landed write), are throttled or delayed. The API must
 /// still never over-issue, never answer 200 for a lease it did not store,
@@ -400,7 +370,7 @@ mod broken {
     use std::time::{Duration, Instant};
 
     use async_trait::async_trait;
-    use semaphore::domain::Update;
+    use semaphore::domain::{Change, Pool, Slot, Update};
     use semaphore::keys::PoolKey;
     use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 
@@ -462,17 +432,22 @@ mod broken {
                 .map(|(_, digest, _)| *digest)
                 .collect();
             let pool = &record.pool;
-            let leases = pool
-                .leases()
+            let slots = pool
+                .slots()
                 .iter()
-                .copied()
-                .filter(|l| !gone.contains(&l.digest))
+                .map(|slot| match slot {
+                    Slot::Held { holder, .. } if gone.contains(&holder.digest) => Slot::Free,
+                    other => *other,
+                })
                 .collect();
-            if let Ok(pool) = semaphore::domain::Pool::from_parts(
-                pool.count(),
-                pool.fence(),
-                leases,
+            if let Ok(pool) = Pool::from_parts(
+                pool.sizing(),
+                pool.base_us(),
+                pool.next_fence(),
+                slots,
                 pool.queue().to_vec(),
+                pool.tombs().to_vec(),
+                pool.ended().to_vec(),
             ) {
                 record.pool = pool;
             }
@@ -494,14 +469,24 @@ mod broken {
             incarnation: u64,
             update: &Update,
         ) -> Result<Updated, StoreError> {
-            let granted = update.changes.iter().find_map(|c| match c {
-                semaphore::domain::Change::Grant { digest, .. } => Some(*digest),
+            let granted = update.changes.iter().find_map(|c| match *c {
+                Change::Take { position, .. } | Change::HandOff { position, .. } => Some(position),
                 _ => None,
             });
             let n = self
                 .calls
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let outcome = self.inner.update(key, incarnation, update).await?;
+            // The lease the write granted: whoever holds its position now.
+            let granted = match (&outcome, granted) {
+                (Updated::Written(r), Some(position)) => r
+                    .pool
+                    .leases()
+                    .into_iter()
+                    .find(|l| l.position == position)
+                    .map(|l| l.digest),
+                _ => None,
+            };
             match (granted, outcome) {
                 (Some(digest), Updated::Written(_)) if n.is_multiple_of(10) => {
                     self.hidden

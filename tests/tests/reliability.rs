@@ -282,7 +282,7 @@ async fn a_corrupt_item_is_a_500() {
     client
         .put_item()
         .table_name(TABLE)
-        .item("pk", AttributeValue::S(key.to_hex()))
+        .set_item(Some(semaphore::store::dynamodb::pool_key(&key)))
         .item("c", AttributeValue::S("not a number".into()))
         .send()
         .await
@@ -306,65 +306,4 @@ async fn a_corrupt_item_is_a_500() {
     // It can still be deleted, and the id registered again.
     assert_eq!(api.delete(&id).await.1["deleted"], true);
     assert_eq!(api.register(&id, 1).await.0, 200);
-}
-
-/// A pool stored by the version before per-slot updates (a version token
-/// `v`, the count `c`, leases packed in `l`) keeps working after an upgrade:
-/// reads show it, its leases can be returned, and the first write brings the
-/// item to the new format.
-#[tokio::test]
-async fn a_pool_stored_in_the_old_format_keeps_working() {
-    use semaphore::keys::LeaseId;
-    let client = dynamodb_client().await;
-    let id = pool_id();
-    let key = semaphore::api::parse_pool_id(&id).unwrap().key();
-    let held = uuid::Uuid::new_v4();
-    let other = uuid::Uuid::new_v4();
-    let expires = semaphore::service::now_ms() + 60_000;
-    let mut packed = Vec::new();
-    for (position, lease) in [(0u16, held), (1, other)] {
-        packed.extend_from_slice(&position.to_be_bytes());
-        packed.extend_from_slice(&expires.to_be_bytes()[2..]);
-        packed.extend_from_slice(&LeaseId(lease).digest().0);
-    }
-    client
-        .put_item()
-        .table_name(TABLE)
-        .item("pk", AttributeValue::S(key.to_hex()))
-        .item("v", AttributeValue::N("123456789".into()))
-        .item("c", AttributeValue::N("3".into()))
-        .item("l", AttributeValue::B(packed.into()))
-        .send()
-        .await
-        .unwrap();
-    let api = ApiClient::for_backend(Backend::DynamoDb).await;
-    let (status, state) = api.inspect(&id).await;
-    assert_eq!(
-        (status, &state["in_use"], &state["count"]),
-        (200, &2.into(), &3.into())
-    );
-    let (status, body) = api.return_lease(&id, &held.to_string()).await;
-    assert_eq!(
-        (status, body["returned"].as_bool()),
-        (200, Some(true)),
-        "{body}"
-    );
-    let (status, body) = api.borrow(&id, 30.0, 0.0).await;
-    assert_eq!(
-        (status, body["position"].as_u64()),
-        (200, Some(0)),
-        "{body}"
-    );
-    assert!(body["fence"].as_u64().unwrap() > 2);
-    assert_eq!(api.inspect(&id).await.1["in_use"], 2);
-    assert_eq!(api.register(&id, 5).await.1["available"], 3);
-    // Upgraded in place: the item now has an incarnation.
-    let item = client
-        .get_item()
-        .table_name(TABLE)
-        .key("pk", AttributeValue::S(key.to_hex()))
-        .send()
-        .await
-        .unwrap();
-    assert!(item.item().unwrap().contains_key("i"));
 }

@@ -107,7 +107,7 @@ fn full_session(server: &Server) {
     assert!(head.contains("content-type: application/json"), "{head}");
     assert_eq!(
         body,
-        json!({"id": id, "count": 2, "in_use": 0, "available": 2})
+        json!({"id": id, "count": 2, "in_use": 0, "available": 2, "waiting": 0})
     );
 
     let (status, _, lease) = server.request(

@@ -1,20 +1,26 @@
 //! DynamoDB: one item per pool, changed by conditional `UpdateItem`s that
-//! name only the slots, leases and tickets they touch.
+//! name only the slots, tickets and counters they depend on. The attributes
+//! and every write's expressions are in `docs/DESIGN.md`; in short:
 //!
 //! | attribute | type | holds |
 //! |---|---|---|
-//! | `pk` | S | hex SHA-256 of the pool UUID (partition key) |
+//! | `pk` | B | first 16 bytes of SHA-256 of the pool UUID (partition key) |
+//! | `sk` | B | `00`: the pool item (sort key) |
 //! | `i`  | N | incarnation: random per creation; every update is conditioned on it |
-//! | `c`  | N | count |
-//! | `n`  | N | leases stored (live or not yet pruned): the capacity check |
-//! | `f`  | N | fence counter: the fence of the latest grant |
-//! | `s`  | M | slots: position → the fence of the lease holding it |
-//! | `h`  | M | holders: lease digest (base64url) → position (2 B) ‖ expiry ms (6 B) |
-//! | `q`  | L | tickets of waiting borrowers, in arrival order: digest (16 B) ‖ give-up ms (6 B) |
+//! | `c`  | N | resizes × 10⁴ + count: a count condition names one resize |
+//! | `b`  | N | creation time in µs: fences are `b` + a grant's relative fence |
+//! | `f`  | N | the next grant's relative fence × 10¹³ |
+//! | `s`  | L | slots by position: `0` (free) or the holder (B: digest 8 ‖ ttl ms) |
+//! | `g`  | L | per position: relative fence × 10¹³ + grant ms (+ 5·10¹² when handed to a waiter; `0` when freed) |
+//! | `q`  | L | waiting tickets in arrival order: the holder (B), as in `s` |
+//! | `w`  | L | per ticket: its give-up time in Unix seconds |
+//! | `x`  | M | lease ids given up before their borrow was seen: digest → until (s) |
+//! | `e`  | M | short grants handed to a waiter, expired and reused: digest → (fence × 10⁴ + position) × 10¹³ + grant ms |
 //!
-//! A grant is `SET f = f + 1, s.P = f + 1, h.D = …`: every right-hand side
-//! reads the item before the update, so the fence comes from an atomic
-//! counter and concurrent grants of different slots never conflict over it.
+//! A hand-off is `SET s[P] = if_not_exists(q[0], :free), g[P] = f + :now,
+//! f = f + :step REMOVE q[0], w[0]`: every right-hand side reads the item as
+//! it was before the update, so DynamoDB picks the head of the queue and the
+//! fence atomically, and two returns landing together serve two tickets.
 //! A failed condition hands back the current item (`ALL_OLD`), a success the
 //! new one (`ALL_NEW`), so the caller never needs a read to decide again.
 
@@ -38,22 +44,38 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
-use crate::domain::{Change, Expect, Lease, LeaseDigest, Pool, Ticket, Update, MAX_COUNT};
+use crate::domain::{
+    Change, Ended, Expect, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket, Tomb, Update,
+    MAX_COUNT,
+};
 use crate::keys::PoolKey;
 
-const PK: &str = "pk";
+/// The partition key: the pool's key, 16 bytes.
+pub const PK: &str = "pk";
+/// The sort key: [`POOL_ITEM`] for the pool item.
+pub const SK: &str = "sk";
+/// The pool item's sort key.
+pub const POOL_ITEM: [u8; 1] = [0];
+
 const INCARNATION: &str = "i";
 const COUNT: &str = "c";
-const STORED: &str = "n";
+const BASE: &str = "b";
 const FENCE: &str = "f";
 const SLOTS: &str = "s";
-const HOLDERS: &str = "h";
+const STAMPS: &str = "g";
 const QUEUE: &str = "q";
+const GIVE_UP: &str = "w";
+const TOMBS: &str = "x";
+const ENDED: &str = "e";
 
-/// position (2) + expiry ms (6: good until year 10889).
-const HOLDER_BYTES: usize = 8;
-/// digest (16) + give-up ms (6).
-const TICKET_BYTES: usize = 22;
+/// Milliseconds fit in 13 decimal digits until the year 2286: a stamp is
+/// the relative fence in the digits above them.
+const STAMP_SCALE: u128 = 10_000_000_000_000;
+/// Added to the grant ms of a slot handed to a waiter (year 2128 in ms:
+/// below it, every grant ms is a real time).
+const HANDED: u64 = 5_000_000_000_000;
+/// Positions fit in four digits (`count` ≤ 1000).
+const POSITION_SCALE: u128 = 10_000;
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -94,98 +116,17 @@ impl DynamoDbStore {
             total.fetch_add((units * 1000.0).round() as u64, Ordering::Relaxed);
         }
     }
+}
 
-    fn key(key: &PoolKey) -> AttributeValue {
-        AttributeValue::S(key.to_hex())
-    }
-
-    /// The record of a stored item, in either format.
-    fn current(item: &Item) -> Result<Record, StoreError> {
-        match legacy::decode(item)? {
-            Some(record) => Ok(record),
-            None => decode(item),
-        }
-    }
-
-    /// Rewrites an item of the old format (read as `record`) in this one,
-    /// unless it changed since. Pools stored before per-slot updates keep
-    /// their count and leases; only a write needs this, so read-only
-    /// functions never upgrade.
-    async fn upgrade(&self, key: &PoolKey, record: &Record) -> Result<(), StoreError> {
-        let put = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(encode(key, record)))
-            .condition_expression("#v = :v AND attribute_not_exists(#i)")
-            .expression_attribute_names("#v", legacy::VERSION)
-            .expression_attribute_names("#i", INCARNATION)
-            .expression_attribute_values(":v", number(record.incarnation))
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
-        match put {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                Ok(())
-            }
-            // Upgraded, changed or deleted by someone else meanwhile: the
-            // retried update will see.
-            Err(err)
-                if matches!(
-                    err.as_service_error(),
-                    Some(PutItemError::ConditionalCheckFailedException(_))
-                ) =>
-            {
-                Ok(())
-            }
-            Err(err) => Err(store_error(err)),
-        }
-    }
-
-    /// One conditional `UpdateItem`.
-    async fn update_once(
-        &self,
-        key: &PoolKey,
-        incarnation: u64,
-        update: &Update,
-    ) -> Result<Updated, StoreError> {
-        let expr = Expression::of(incarnation, update);
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .key(PK, Self::key(key))
-            .update_expression(expr.update)
-            .condition_expression(expr.condition)
-            // DynamoDB refuses an empty map of names.
-            .set_expression_attribute_names((!expr.names.is_empty()).then_some(expr.names))
-            .set_expression_attribute_values(Some(expr.values))
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                let item = out.attributes().ok_or_else(|| {
-                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
-                })?;
-                Ok(Updated::Written(decode(item)?))
-            }
-            Err(err) => match err.as_service_error() {
-                // A failed condition is still a billed write.
-                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
-                    match failed.item() {
-                        Some(item) => Ok(Updated::Lost(Self::current(item)?)),
-                        None => Ok(Updated::Gone),
-                    }
-                }
-                _ => Err(store_error(err)),
-            },
-        }
-    }
+/// The primary key of a pool's item.
+pub fn pool_key(key: &PoolKey) -> Item {
+    HashMap::from([
+        (PK.to_string(), AttributeValue::B(Blob::new(key.0.to_vec()))),
+        (
+            SK.to_string(),
+            AttributeValue::B(Blob::new(POOL_ITEM.to_vec())),
+        ),
+    ])
 }
 
 #[async_trait]
@@ -195,15 +136,15 @@ impl PoolStore for DynamoDbStore {
             .client
             .get_item()
             .table_name(&self.table)
-            .key(PK, Self::key(key))
-            // A borrower must see the latest return, or it would wait for nothing.
+            .set_key(Some(pool_key(key)))
+            // A waiter must see the latest hand-off, or it would wait for nothing.
             .consistent_read(true)
             .set_return_consumed_capacity(self.capacity_mode())
             .send()
             .await
             .map_err(store_error)?;
         self.record(out.consumed_capacity());
-        out.item().map(Self::current).transpose()
+        out.item().map(decode).transpose()
     }
 
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
@@ -230,7 +171,7 @@ impl PoolStore for DynamoDbStore {
                             "create failed its condition but returned no item",
                         )
                     })?;
-                    let current = Self::current(item)?;
+                    let current = decode(item)?;
                     Ok(if current.incarnation == record.incarnation {
                         // Our own create, landed on an earlier SDK attempt.
                         Created::Created(current)
@@ -243,21 +184,48 @@ impl PoolStore for DynamoDbStore {
         }
     }
 
+    /// One conditional `UpdateItem`: a lost condition is one billed write,
+    /// answered with the item as it is (`ALL_OLD`), never retried here.
     async fn update(
         &self,
         key: &PoolKey,
         incarnation: u64,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let outcome = self.update_once(key, incarnation, update).await?;
-        match &outcome {
-            // Planned from an item of the old format, still as read: bring
-            // it to this format, then the update applies as planned.
-            Updated::Lost(current) if current.incarnation == incarnation => {
-                self.upgrade(key, current).await?;
-                self.update_once(key, incarnation, update).await
+        let expr = Expression::of(incarnation, update);
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(pool_key(key)))
+            .update_expression(expr.update)
+            .condition_expression(expr.condition)
+            // DynamoDB refuses an empty map of names.
+            .set_expression_attribute_names((!expr.names.is_empty()).then_some(expr.names))
+            .set_expression_attribute_values(Some(expr.values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                let item = out.attributes().ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
+                })?;
+                Ok(Updated::Written(decode(item)?))
             }
-            _ => Ok(outcome),
+            Err(err) => match err.as_service_error() {
+                // A failed condition is still a billed write.
+                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                    match failed.item() {
+                        Some(item) => Ok(Updated::Lost(decode(item)?)),
+                        None => Ok(Updated::Gone),
+                    }
+                }
+                _ => Err(store_error(err)),
+            },
         }
     }
 
@@ -266,7 +234,7 @@ impl PoolStore for DynamoDbStore {
             .client
             .delete_item()
             .table_name(&self.table)
-            .key(PK, Self::key(key))
+            .set_key(Some(pool_key(key)))
             // Only the key comes back useful; ALL_OLD is how DeleteItem says "it was there".
             .return_values(ReturnValue::AllOld)
             .set_return_consumed_capacity(self.capacity_mode())
@@ -279,8 +247,8 @@ impl PoolStore for DynamoDbStore {
 }
 
 /// One update as DynamoDB expressions. Top-level attribute names are single
-/// letters, none of them reserved words; map keys and list indices that come
-/// from data go through placeholders.
+/// letters, none of them reserved words; tombstone keys come from data and
+/// go through placeholders; list indices are numbers the planner chose.
 struct Expression {
     condition: String,
     update: String,
@@ -295,79 +263,127 @@ impl Expression {
         let mut conditions = vec![format!("{INCARNATION} = {inc}")];
         for expect in &update.expect {
             conditions.push(match *expect {
-                Expect::Count(count) => format!("{COUNT} = {}", e.value(number(count))),
-                Expect::StoredBelow(limit) => format!("{STORED} < {}", e.value(number(limit))),
-                Expect::SlotFree(position) => {
-                    format!("attribute_not_exists({})", e.slot(position))
-                }
-                Expect::SlotHeldBy { position, fence } => {
-                    format!("{} = {}", e.slot(position), e.value(number(fence)))
-                }
-                Expect::LeaseAbsent(digest) => {
-                    format!("attribute_not_exists({})", e.holder(digest))
+                Expect::Count(sizing) => format!("{COUNT} = {}", e.value(sizing_value(sizing))),
+                Expect::SlotsLen(len) => format!("size({SLOTS}) = {}", e.value(number(len))),
+                Expect::SlotFree(position) => format!("{SLOTS}[{position}] = {}", e.zero()),
+                Expect::SlotStamp { position, stamp } => {
+                    format!("{STAMPS}[{position}] = {}", e.value(stamp_value(stamp)))
                 }
                 Expect::QueueLen(len) => format!("size({QUEUE}) = {}", e.value(number(len))),
-                Expect::QueueShorterThan(len) => {
-                    format!("size({QUEUE}) < {}", e.value(number(len)))
+                Expect::QueueBelow(len) => format!("size({QUEUE}) < {}", e.value(number(len))),
+                Expect::TicketAt { index, holder } => {
+                    format!("{QUEUE}[{index}] = {}", e.holder(holder))
                 }
-                Expect::TicketAt { index, ticket } => {
-                    format!("{QUEUE}[{index}] = {}", e.value(ticket_value(&ticket)))
+                Expect::NotQueued(holder) => format!("NOT contains({QUEUE}, {})", e.holder(holder)),
+                Expect::NotHeld(holder) => format!("NOT contains({SLOTS}, {})", e.holder(holder)),
+                Expect::NoTomb(digest) => format!("attribute_not_exists({})", e.tomb(digest)),
+                Expect::TombIs(tomb) => {
+                    format!(
+                        "{} = {}",
+                        e.tomb(tomb.digest),
+                        e.value(number(tomb.until_s))
+                    )
+                }
+                Expect::EndedIs(ended) => {
+                    format!(
+                        "{} = {}",
+                        e.ended(ended.digest),
+                        e.value(ended_value(ended))
+                    )
                 }
             });
         }
 
-        let granted = update.changes.iter().find_map(|c| match *c {
-            Change::Grant {
-                position, digest, ..
-            } => Some((position, digest)),
-            _ => None,
-        });
         let mut sets = Vec::new();
-        // Paths removed; a grant's own slot and digest are overwritten instead
-        // (DynamoDB refuses to SET and REMOVE one path in one update).
         let mut removes = BTreeSet::new();
-        let mut stored_delta: i64 = 0;
+        let mut takes_fence = false;
         for change in &update.changes {
             match *change {
-                Change::Grant {
+                Change::Take {
                     position,
-                    digest,
-                    expires_at_ms,
+                    holder,
+                    now_ms,
                 } => {
-                    let one = e.value(number(1));
-                    sets.push(format!("{FENCE} = {FENCE} + {one}"));
-                    sets.push(format!("{} = {FENCE} + {one}", e.slot(position)));
-                    let holder = e.value(AttributeValue::B(Blob::new(holder_bytes(
-                        position,
-                        expires_at_ms,
-                    ))));
-                    sets.push(format!("{} = {holder}", e.holder(digest)));
-                    stored_delta += 1;
+                    sets.push(format!("{SLOTS}[{position}] = {}", e.holder(holder)));
+                    sets.push(format!(
+                        "{STAMPS}[{position}] = {FENCE} + {}",
+                        e.value(number(now_ms))
+                    ));
+                    takes_fence = true;
                 }
-                Change::RemoveLease { position, digest } => {
-                    if granted.map(|(p, _)| p) != Some(position) {
-                        removes.insert(e.slot(position));
+                Change::HandOff {
+                    position,
+                    from,
+                    now_ms,
+                } => {
+                    let zero = e.zero();
+                    sets.push(format!(
+                        "{SLOTS}[{position}] = if_not_exists({QUEUE}[{from}], {zero})"
+                    ));
+                    let handed = e.value(number(now_ms.saturating_add(HANDED)));
+                    sets.push(format!("{STAMPS}[{position}] = {FENCE} + {handed}"));
+                    takes_fence = true;
+                    for index in 0..=from {
+                        removes.insert(format!("{QUEUE}[{index}]"));
+                        removes.insert(format!("{GIVE_UP}[{index}]"));
                     }
-                    if granted.map(|(_, d)| d) != Some(digest) {
-                        removes.insert(e.holder(digest));
-                    }
-                    stored_delta -= 1;
+                }
+                Change::Free(position) => {
+                    let zero = e.zero();
+                    sets.push(format!("{SLOTS}[{position}] = {zero}"));
+                    sets.push(format!("{STAMPS}[{position}] = {zero}"));
+                }
+                Change::Append(ticket) => {
+                    let q = e.value(AttributeValue::L(vec![holder_value(ticket.holder)]));
+                    let w = e.value(AttributeValue::L(vec![number(ticket.give_up_s)]));
+                    sets.push(format!("{QUEUE} = list_append({QUEUE}, {q})"));
+                    sets.push(format!("{GIVE_UP} = list_append({GIVE_UP}, {w})"));
                 }
                 Change::RemoveTicket(index) => {
                     removes.insert(format!("{QUEUE}[{index}]"));
+                    removes.insert(format!("{GIVE_UP}[{index}]"));
                 }
-                Change::AppendTicket(ticket) => {
-                    let list = e.value(AttributeValue::L(vec![ticket_value(&ticket)]));
-                    sets.push(format!("{QUEUE} = list_append({QUEUE}, {list})"));
+                Change::SetTomb(tomb) => {
+                    sets.push(format!(
+                        "{} = {}",
+                        e.tomb(tomb.digest),
+                        e.value(number(tomb.until_s))
+                    ));
                 }
-                Change::SetCount(count) => {
-                    sets.push(format!("{COUNT} = {}", e.value(number(count))));
+                Change::RemoveTomb(digest) => {
+                    removes.insert(e.tomb(digest));
+                }
+                Change::SetEnded(ended) => {
+                    sets.push(format!(
+                        "{} = {}",
+                        e.ended(ended.digest),
+                        e.value(ended_value(ended))
+                    ));
+                }
+                Change::RemoveEnded(digest) => {
+                    removes.insert(e.ended(digest));
+                }
+                Change::SetCount(sizing) => {
+                    sets.push(format!("{COUNT} = {}", e.value(sizing_value(sizing))));
+                }
+                Change::Extend(n) => {
+                    let zeros = e.value(AttributeValue::L(vec![number(0); n]));
+                    sets.push(format!("{SLOTS} = list_append({SLOTS}, {zeros})"));
+                    sets.push(format!("{STAMPS} = list_append({STAMPS}, {zeros})"));
+                }
+                Change::Truncate { from, len } => {
+                    for position in from..len {
+                        removes.insert(format!("{SLOTS}[{position}]"));
+                        removes.insert(format!("{STAMPS}[{position}]"));
+                    }
                 }
             }
         }
-        if stored_delta != 0 {
-            let delta = e.value(AttributeValue::N(stored_delta.to_string()));
-            sets.push(format!("{STORED} = {STORED} + {delta}"));
+        if takes_fence {
+            sets.push(format!(
+                "{FENCE} = {FENCE} + {}",
+                e.value(AttributeValue::N(STAMP_SCALE.to_string()))
+            ));
         }
         let mut clauses = Vec::new();
         if !sets.is_empty() {
@@ -394,36 +410,53 @@ impl Expression {
 struct ExpressionBuilder {
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
+    zero: Option<String>,
 }
 
 impl ExpressionBuilder {
     fn value(&mut self, value: AttributeValue) -> String {
+        if let Some((existing, _)) = self.values.iter().find(|(_, v)| **v == value) {
+            return existing.clone();
+        }
         let placeholder = format!(":v{}", self.values.len());
         self.values.insert(placeholder.clone(), value);
         placeholder
     }
 
-    fn name(&mut self, prefix: &str, raw: String) -> String {
-        let placeholder = format!("#{prefix}{raw}");
-        let placeholder = if prefix == "d" {
-            // Digest keys may hold '-': placeholders allow only [A-Za-z0-9_].
-            format!("#d{}", self.names.len())
-        } else {
-            placeholder
-        };
+    fn zero(&mut self) -> String {
+        match &self.zero {
+            Some(zero) => zero.clone(),
+            None => {
+                let zero = self.value(number(0));
+                self.zero = Some(zero.clone());
+                zero
+            }
+        }
+    }
+
+    fn holder(&mut self, holder: Holder) -> String {
+        self.value(holder_value(holder))
+    }
+
+    /// `x.#tN` for a tombstone key (digest keys may hold '-', which
+    /// placeholders must not).
+    fn tomb(&mut self, digest: LeaseDigest) -> String {
+        format!("{TOMBS}.{}", self.digest(digest))
+    }
+
+    /// `e.#tN` for an ended grant's key.
+    fn ended(&mut self, digest: LeaseDigest) -> String {
+        format!("{ENDED}.{}", self.digest(digest))
+    }
+
+    fn digest(&mut self, digest: LeaseDigest) -> String {
+        let raw = digest_key(&digest);
         if let Some((existing, _)) = self.names.iter().find(|(_, v)| **v == raw) {
             return existing.clone();
         }
+        let placeholder = format!("#t{}", self.names.len());
         self.names.insert(placeholder.clone(), raw);
         placeholder
-    }
-
-    fn slot(&mut self, position: u16) -> String {
-        format!("{SLOTS}.{}", self.name("p", position.to_string()))
-    }
-
-    fn holder(&mut self, digest: LeaseDigest) -> String {
-        format!("{HOLDERS}.{}", self.name("d", digest_key(&digest)))
     }
 }
 
@@ -434,24 +467,28 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
     let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
         StoreError::new(StoreErrorKind::Unavailable, e.to_string())
     };
+    let attribute = |name: &str| {
+        AttributeDefinition::builder()
+            .attribute_name(name)
+            .attribute_type(ScalarAttributeType::B)
+            .build()
+            .map_err(invalid)
+    };
+    let key = |name: &str, kind: KeyType| {
+        KeySchemaElement::builder()
+            .attribute_name(name)
+            .key_type(kind)
+            .build()
+            .map_err(invalid)
+    };
     let created = client
         .create_table()
         .table_name(table)
         .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(
-            AttributeDefinition::builder()
-                .attribute_name(PK)
-                .attribute_type(ScalarAttributeType::S)
-                .build()
-                .map_err(invalid)?,
-        )
-        .key_schema(
-            KeySchemaElement::builder()
-                .attribute_name(PK)
-                .key_type(KeyType::Hash)
-                .build()
-                .map_err(invalid)?,
-        )
+        .attribute_definitions(attribute(PK)?)
+        .attribute_definitions(attribute(SK)?)
+        .key_schema(key(PK, KeyType::Hash)?)
+        .key_schema(key(SK, KeyType::Range)?)
         .send()
         .await;
     if let Err(err) = created {
@@ -474,15 +511,19 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
         };
         let keyed_right = matches!(
             desc.key_schema(),
-            [k] if k.attribute_name() == PK && k.key_type() == &KeyType::Hash
-        ) && desc
-            .attribute_definitions()
-            .iter()
-            .any(|a| a.attribute_name() == PK && a.attribute_type() == &ScalarAttributeType::S);
+            [h, r] if h.attribute_name() == PK && h.key_type() == &KeyType::Hash
+                && r.attribute_name() == SK && r.key_type() == &KeyType::Range
+        ) && [PK, SK].iter().all(|name| {
+            desc.attribute_definitions().iter().any(|a| {
+                a.attribute_name() == *name && a.attribute_type() == &ScalarAttributeType::B
+            })
+        });
         if !keyed_right {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
-                format!("table {table} must have the single string partition key `{PK}`"),
+                format!(
+                    "table {table} must have the binary partition key `{PK}` and binary sort key `{SK}`"
+                ),
             ));
         }
         if desc.table_status() == Some(&TableStatus::Active) {
@@ -529,212 +570,233 @@ fn digest_key(digest: &LeaseDigest) -> String {
     URL_SAFE_NO_PAD.encode(digest.0)
 }
 
-fn holder_bytes(position: u16, expires_at_ms: u64) -> Vec<u8> {
-    let mut out = Vec::with_capacity(HOLDER_BYTES);
-    out.extend_from_slice(&position.to_be_bytes());
-    out.extend_from_slice(&expires_at_ms.to_be_bytes()[2..]);
-    out
+fn holder_value(holder: Holder) -> AttributeValue {
+    AttributeValue::B(Blob::new(holder.to_bytes()))
 }
 
-fn ticket_value(ticket: &Ticket) -> AttributeValue {
-    let mut out = Vec::with_capacity(TICKET_BYTES);
-    out.extend_from_slice(&ticket.digest.0);
-    out.extend_from_slice(&ticket.give_up_ms.to_be_bytes()[2..]);
-    AttributeValue::B(Blob::new(out))
+/// Counts fit in four digits (≤ 1000).
+const COUNT_SCALE: u128 = 10_000;
+
+fn sizing_value(sizing: Sizing) -> AttributeValue {
+    AttributeValue::N(
+        (u128::from(sizing.resizes) * COUNT_SCALE + u128::from(sizing.count)).to_string(),
+    )
 }
 
-/// Six big-endian bytes as milliseconds.
-fn ms48(bytes: &[u8]) -> u64 {
-    let mut full = [0u8; 8];
-    full[2..].copy_from_slice(bytes);
-    u64::from_be_bytes(full)
+fn stamp_number(stamp: Stamp) -> u128 {
+    let ms = stamp.granted_ms + if stamp.handed { HANDED } else { 0 };
+    u128::from(stamp.fence) * STAMP_SCALE + u128::from(ms)
+}
+
+fn stamp_value(stamp: Stamp) -> AttributeValue {
+    AttributeValue::N(stamp_number(stamp).to_string())
+}
+
+/// The stamp of a number that [`stamp_number`] made, or `None`.
+fn stamp_of(n: u128) -> Option<Stamp> {
+    let ms = (n % STAMP_SCALE) as u64;
+    Some(Stamp {
+        fence: u64::try_from(n / STAMP_SCALE).ok()?,
+        granted_ms: ms % HANDED,
+        handed: ms >= HANDED,
+    })
+}
+
+/// An ended grant (always handed) as one number: its fence and position
+/// above its grant ms.
+fn ended_value(ended: Ended) -> AttributeValue {
+    let above = u128::from(ended.stamp.fence) * POSITION_SCALE + u128::from(ended.position);
+    AttributeValue::N((above * STAMP_SCALE + u128::from(ended.stamp.granted_ms)).to_string())
 }
 
 fn encode(key: &PoolKey, record: &Record) -> Item {
     let pool = &record.pool;
-    let slots = pool
-        .leases()
+    let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) = pool
+        .slots()
         .iter()
-        .map(|l| (l.position.to_string(), number(l.fence)))
-        .collect();
-    let holders = pool
-        .leases()
-        .iter()
-        .map(|l| {
-            (
-                digest_key(&l.digest),
-                AttributeValue::B(Blob::new(holder_bytes(l.position, l.expires_at_ms))),
-            )
+        .map(|slot| match slot {
+            Slot::Free => (number(0), number(0)),
+            Slot::Held { holder, stamp } => (holder_value(*holder), stamp_value(*stamp)),
         })
-        .collect();
-    let queue = pool.queue().iter().map(ticket_value).collect();
-    HashMap::from([
-        (PK.to_string(), AttributeValue::S(key.to_hex())),
+        .unzip();
+    let mut item = pool_key(key);
+    item.extend([
         (INCARNATION.to_string(), number(record.incarnation)),
-        (COUNT.to_string(), number(pool.count())),
-        (STORED.to_string(), number(pool.leases().len())),
-        (FENCE.to_string(), number(pool.fence())),
-        (SLOTS.to_string(), AttributeValue::M(slots)),
-        (HOLDERS.to_string(), AttributeValue::M(holders)),
-        (QUEUE.to_string(), AttributeValue::L(queue)),
-    ])
+        (COUNT.to_string(), sizing_value(pool.sizing())),
+        (BASE.to_string(), number(pool.base_us())),
+        (
+            FENCE.to_string(),
+            AttributeValue::N((u128::from(pool.next_fence()) * STAMP_SCALE).to_string()),
+        ),
+        (SLOTS.to_string(), AttributeValue::L(slots)),
+        (STAMPS.to_string(), AttributeValue::L(stamps)),
+        (
+            QUEUE.to_string(),
+            AttributeValue::L(
+                pool.queue()
+                    .iter()
+                    .map(|t| holder_value(t.holder))
+                    .collect(),
+            ),
+        ),
+        (
+            GIVE_UP.to_string(),
+            AttributeValue::L(pool.queue().iter().map(|t| number(t.give_up_s)).collect()),
+        ),
+        (
+            TOMBS.to_string(),
+            AttributeValue::M(
+                pool.tombs()
+                    .iter()
+                    .map(|t| (digest_key(&t.digest), number(t.until_s)))
+                    .collect(),
+            ),
+        ),
+        (
+            ENDED.to_string(),
+            AttributeValue::M(
+                pool.ended()
+                    .iter()
+                    .map(|e| (digest_key(&e.digest), ended_value(*e)))
+                    .collect(),
+            ),
+        ),
+    ]);
+    item
 }
 
 fn decode(item: &Item) -> Result<Record, StoreError> {
     let corrupt =
         |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("pool item: {what}"));
-    let number = |value: Option<&AttributeValue>, what: &str| -> Result<u64, StoreError> {
+    let big = |value: Option<&AttributeValue>, what: &str| -> Result<u128, StoreError> {
         match value {
             Some(AttributeValue::N(n)) => n.parse().map_err(|_| corrupt(what)),
             _ => Err(corrupt(what)),
         }
     };
-    let incarnation = number(item.get(INCARNATION), INCARNATION)?;
-    let count = u16::try_from(number(item.get(COUNT), COUNT)?)
-        .ok()
-        .filter(|c| *c <= MAX_COUNT)
-        .ok_or_else(|| corrupt(COUNT))?;
-    let stored = number(item.get(STORED), STORED)?;
-    let fence = number(item.get(FENCE), FENCE)?;
-    let (Some(AttributeValue::M(slots)), Some(AttributeValue::M(holders))) =
-        (item.get(SLOTS), item.get(HOLDERS))
-    else {
-        return Err(corrupt("slots or holders"));
+    let small = |value: Option<&AttributeValue>, what: &str| -> Result<u64, StoreError> {
+        u64::try_from(big(value, what)?).map_err(|_| corrupt(what))
     };
-    let Some(AttributeValue::L(queue)) = item.get(QUEUE) else {
-        return Err(corrupt(QUEUE));
+    let list = |name: &str| match item.get(name) {
+        Some(AttributeValue::L(list)) => Ok(list),
+        _ => Err(corrupt(name)),
     };
-    if slots.len() != holders.len() || holders.len() as u64 != stored {
-        return Err(corrupt("slots, holders and the lease count disagree"));
-    }
-    let mut leases = Vec::with_capacity(holders.len());
-    for (key, value) in holders {
-        let digest = URL_SAFE_NO_PAD
+    let holder = |value: &AttributeValue, what: &str| match value {
+        AttributeValue::B(blob) => Holder::from_bytes(blob.as_ref()).ok_or_else(|| corrupt(what)),
+        _ => Err(corrupt(what)),
+    };
+    let stamp = |value: &AttributeValue| -> Result<Stamp, StoreError> {
+        stamp_of(big(Some(value), "stamp")?).ok_or_else(|| corrupt("stamp"))
+    };
+    let digest = |key: &str, what: &str| {
+        URL_SAFE_NO_PAD
             .decode(key)
             .ok()
-            .and_then(|bytes| <[u8; 16]>::try_from(bytes).ok())
-            .ok_or_else(|| corrupt("holder key"))?;
-        let AttributeValue::B(blob) = value else {
-            return Err(corrupt("holder"));
-        };
-        let bytes = blob.as_ref();
-        if bytes.len() != HOLDER_BYTES {
-            return Err(corrupt("holder"));
-        }
-        let position = u16::from_be_bytes([bytes[0], bytes[1]]);
-        let fence = number(slots.get(&position.to_string()), "slot of a holder")?;
-        leases.push(Lease {
-            digest: LeaseDigest(digest),
-            position,
-            expires_at_ms: ms48(&bytes[2..]),
-            fence,
-        });
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+            .map(LeaseDigest)
+            .ok_or_else(|| corrupt(what))
+    };
+
+    let incarnation = small(item.get(INCARNATION), INCARNATION)?;
+    let sized = big(item.get(COUNT), COUNT)?;
+    let sizing = Sizing {
+        count: u16::try_from(sized % COUNT_SCALE)
+            .ok()
+            .filter(|c| *c <= MAX_COUNT)
+            .ok_or_else(|| corrupt(COUNT))?,
+        resizes: u64::try_from(sized / COUNT_SCALE).map_err(|_| corrupt(COUNT))?,
+    };
+    let base_us = small(item.get(BASE), BASE)?;
+    let fence = big(item.get(FENCE), FENCE)?;
+    if fence % STAMP_SCALE != 0 {
+        return Err(corrupt(FENCE));
+    }
+    let next_fence = u64::try_from(fence / STAMP_SCALE).map_err(|_| corrupt(FENCE))?;
+
+    let (slots, stamps) = (list(SLOTS)?, list(STAMPS)?);
+    if slots.len() != stamps.len() {
+        return Err(corrupt("slots and stamps disagree"));
+    }
+    let slots = slots
+        .iter()
+        .zip(stamps)
+        .map(|(slot, stamp_value)| match slot {
+            AttributeValue::N(n) if n == "0" => Ok(Slot::Free),
+            held => Ok(Slot::Held {
+                holder: holder(held, "slot")?,
+                stamp: stamp(stamp_value)?,
+            }),
+        })
+        .collect::<Result<Vec<Slot>, StoreError>>()?;
+
+    let (queue, give_ups) = (list(QUEUE)?, list(GIVE_UP)?);
+    if queue.len() != give_ups.len() {
+        return Err(corrupt("tickets and give-up times disagree"));
     }
     let queue = queue
         .iter()
-        .map(|value| match value {
-            AttributeValue::B(blob) if blob.as_ref().len() == TICKET_BYTES => {
-                let bytes = blob.as_ref();
-                let digest = <[u8; 16]>::try_from(&bytes[..16]).ok()?;
-                Some(Ticket {
-                    digest: LeaseDigest(digest),
-                    give_up_ms: ms48(&bytes[16..]),
-                })
-            }
-            _ => None,
+        .zip(give_ups)
+        .map(|(ticket, give_up)| {
+            Ok(Ticket {
+                holder: holder(ticket, "ticket")?,
+                give_up_s: small(Some(give_up), "give-up time")?,
+            })
         })
-        .collect::<Option<Vec<Ticket>>>()
-        .ok_or_else(|| corrupt("ticket"))?;
-    let pool = Pool::from_parts(count, fence, leases, queue).map_err(|e| corrupt(e.0))?;
+        .collect::<Result<Vec<Ticket>, StoreError>>()?;
+
+    let Some(AttributeValue::M(tombs)) = item.get(TOMBS) else {
+        return Err(corrupt(TOMBS));
+    };
+    let tombs = tombs
+        .iter()
+        .map(|(key, until)| {
+            Ok(Tomb {
+                digest: digest(key, "tombstone key")?,
+                until_s: small(Some(until), "tombstone")?,
+            })
+        })
+        .collect::<Result<Vec<Tomb>, StoreError>>()?;
+
+    let Some(AttributeValue::M(ended)) = item.get(ENDED) else {
+        return Err(corrupt(ENDED));
+    };
+    let ended = ended
+        .iter()
+        .map(|(key, value)| {
+            let n = big(Some(value), "ended grant")?;
+            let above = n / STAMP_SCALE;
+            let granted_ms = (n % STAMP_SCALE) as u64;
+            Ok(Ended {
+                digest: digest(key, "ended grant key")?,
+                position: u16::try_from(above % POSITION_SCALE)
+                    .map_err(|_| corrupt("ended grant"))?,
+                stamp: Stamp {
+                    fence: u64::try_from(above / POSITION_SCALE)
+                        .map_err(|_| corrupt("ended grant"))?,
+                    granted_ms,
+                    handed: true,
+                },
+            })
+        })
+        .collect::<Result<Vec<Ended>, StoreError>>()?;
+
+    let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, tombs, ended)
+        .map_err(|e| corrupt(e.0))?;
     Ok(Record { incarnation, pool })
 }
 
-/// The item format before per-slot updates: `v` (version token), `c`
-/// (count), `l` (leases packed 24 bytes each: position 2, expiry ms 6,
-/// digest 16). Read only, to upgrade such items in place.
-mod legacy {
-    use super::*;
-
-    pub(super) const VERSION: &str = "v";
-    const LEASES: &str = "l";
-    const LEASE_BYTES: usize = 24;
-
-    /// `None` for an item of the current format; else the pool it holds, as
-    /// the record its upgrade writes: the version token as incarnation (so a
-    /// plan made from this read still applies after the upgrade), fences
-    /// 1…n in position order (the old format issued none, and a pool
-    /// registered after a delete starts far above).
-    pub(super) fn decode(item: &Item) -> Result<Option<Record>, StoreError> {
-        if item.contains_key(INCARNATION) {
-            return Ok(None);
-        }
-        let Some(AttributeValue::N(version)) = item.get(VERSION) else {
-            return Ok(None);
-        };
-        let corrupt =
-            |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("old pool item: {what}"));
-        let version: u64 = version.parse().map_err(|_| corrupt(VERSION))?;
-        let count = match item.get(COUNT) {
-            Some(AttributeValue::N(n)) => n.parse::<u16>().ok().filter(|c| *c <= MAX_COUNT),
-            _ => None,
-        }
-        .ok_or_else(|| corrupt(COUNT))?;
-        let packed: &[u8] = match item.get(LEASES) {
-            None => &[],
-            Some(AttributeValue::B(blob)) => blob.as_ref(),
-            Some(_) => return Err(corrupt(LEASES)),
-        };
-        if !packed.len().is_multiple_of(LEASE_BYTES) {
-            return Err(corrupt(LEASES));
-        }
-        let mut leases = Vec::new();
-        for chunk in packed.chunks_exact(LEASE_BYTES) {
-            let digest = <[u8; 16]>::try_from(&chunk[8..]).map_err(|_| corrupt(LEASES))?;
-            leases.push(Lease {
-                digest: LeaseDigest(digest),
-                position: u16::from_be_bytes([chunk[0], chunk[1]]),
-                expires_at_ms: ms48(&chunk[2..8]),
-                fence: 0,
-            });
-        }
-        leases.sort_by_key(|l| l.position);
-        for (k, lease) in leases.iter_mut().enumerate() {
-            lease.fence = k as u64 + 1;
-        }
-        let fence = leases.len() as u64;
-        let pool = Pool::from_parts(count, fence, leases, Vec::new()).map_err(|e| corrupt(e.0))?;
-        Ok(Some(Record {
-            incarnation: version,
-            pool,
-        }))
-    }
-
-    /// An item as the old format wrote it (tests).
-    #[cfg(test)]
-    pub(super) fn encode(key: &PoolKey, count: u16, leases: &[Lease], version: u64) -> Item {
-        let mut packed = Vec::new();
-        for lease in leases {
-            packed.extend_from_slice(&lease.position.to_be_bytes());
-            packed.extend_from_slice(&lease.expires_at_ms.to_be_bytes()[2..]);
-            packed.extend_from_slice(&lease.digest.0);
-        }
-        HashMap::from([
-            (PK.to_string(), AttributeValue::S(key.to_hex())),
-            (VERSION.to_string(), number(version)),
-            (COUNT.to_string(), number(count)),
-            (LEASES.to_string(), AttributeValue::B(Blob::new(packed))),
-        ])
-    }
-}
-
 /// Bytes DynamoDB bills for an item, by its item-size rules: attribute names
-/// plus values; a number is about one byte per two digits plus one; a map or
-/// list is 3 bytes plus, per element, its key, its value and one byte.
+/// plus values; a number is one byte per two significant digits plus one; a
+/// map or list is 3 bytes plus, per element, its key, its value and one byte.
 pub fn item_size(key: &PoolKey, record: &Record) -> usize {
     fn value_size(value: &AttributeValue) -> usize {
         match value {
             AttributeValue::S(s) => s.len(),
-            AttributeValue::N(n) => n.trim_start_matches('-').len().div_ceil(2) + 1,
+            AttributeValue::N(n) => {
+                let digits: String = n.chars().filter(char::is_ascii_digit).collect();
+                let significant = digits.trim_start_matches('0').trim_end_matches('0');
+                significant.len().div_ceil(2) + 1
+            }
             AttributeValue::B(b) => b.as_ref().len(),
             AttributeValue::M(m) => {
                 3 + m
@@ -753,139 +815,4 @@ pub fn item_size(key: &PoolKey, record: &Record) -> usize {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::domain::BorrowPlan;
-
-    const NOW: u64 = 1_900_000_000_000;
-
-    fn digest(n: u16) -> LeaseDigest {
-        let mut d = [0xab; 16];
-        d[..2].copy_from_slice(&n.to_be_bytes());
-        LeaseDigest(d)
-    }
-
-    /// A pool of `count` with every slot held and `waiting` tickets queued.
-    fn full_pool(count: u16, waiting: u16) -> Record {
-        let mut pool = Pool::new(count, NOW);
-        for n in 0..count {
-            let BorrowPlan::Take { update, .. } =
-                pool.plan_borrow(digest(n), NOW + 3_600_000, NOW, None)
-            else {
-                panic!("slot {n}")
-            };
-            pool = pool.apply(&update).unwrap();
-        }
-        for n in 0..waiting {
-            let ticket = Ticket {
-                digest: digest(1000 + n),
-                give_up_ms: NOW + 25_000,
-            };
-            let crate::domain::JoinPlan::Join(update) = pool.plan_join(ticket, 1000, NOW) else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
-        }
-        Record {
-            incarnation: u64::MAX,
-            pool,
-        }
-    }
-
-    #[test]
-    fn items_round_trip() {
-        let key = PoolKey([7; 32]);
-        for (count, waiting) in [(0, 0), (1, 3), (4, 0), (1000, 10)] {
-            let record = full_pool(count, waiting);
-            assert_eq!(decode(&encode(&key, &record)).unwrap(), record);
-        }
-    }
-
-    #[test]
-    fn items_stay_within_one_write_unit_at_count_16() {
-        let key = PoolKey([7; 32]);
-        let size16 = item_size(&key, &full_pool(16, 0));
-        assert!(size16 <= 1024, "count 16 fully held is {size16} bytes");
-        let size4 = item_size(&key, &full_pool(4, 28));
-        assert!(size4 <= 1024, "count 4 with 28 waiting is {size4} bytes");
-        assert!(item_size(&key, &full_pool(1000, 1000)) < 400 * 1024);
-    }
-
-    #[test]
-    fn corrupt_items_are_errors_not_panics() {
-        let key = PoolKey([7; 32]);
-        let good = encode(&key, &full_pool(2, 1));
-        let broken: Vec<(&str, AttributeValue)> = vec![
-            (
-                QUEUE,
-                AttributeValue::L(vec![AttributeValue::B(Blob::new(vec![1, 2, 3]))]),
-            ),
-            (COUNT, number(1001)),
-            (STORED, number(3)),
-            (FENCE, number(1)),
-            (SLOTS, AttributeValue::M(HashMap::new())),
-            (HOLDERS, AttributeValue::S("x".into())),
-            (INCARNATION, AttributeValue::S("x".into())),
-        ];
-        for (name, value) in broken {
-            let mut item = good.clone();
-            item.insert(name.into(), value);
-            assert_eq!(
-                decode(&item).unwrap_err().kind,
-                StoreErrorKind::Corrupt,
-                "{name}"
-            );
-        }
-        let mut item = good;
-        item.remove(INCARNATION);
-        assert_eq!(decode(&item).unwrap_err().kind, StoreErrorKind::Corrupt);
-    }
-
-    #[test]
-    fn items_of_the_old_format_are_read_with_their_leases() {
-        let key = PoolKey([7; 32]);
-        let leases = full_pool(3, 0).pool.leases().to_vec();
-        let old = legacy::encode(&key, 3, &leases, 42);
-        let record = legacy::decode(&old).unwrap().expect("an old item");
-        assert_eq!(record.incarnation, 42, "the version is the incarnation");
-        assert_eq!(record.pool.count(), 3);
-        let kept: Vec<(LeaseDigest, u16, u64)> = record
-            .pool
-            .leases()
-            .iter()
-            .map(|l| (l.digest, l.position, l.expires_at_ms))
-            .collect();
-        let before: Vec<(LeaseDigest, u16, u64)> = leases
-            .iter()
-            .map(|l| (l.digest, l.position, l.expires_at_ms))
-            .collect();
-        assert_eq!(kept, before);
-        let fences: Vec<u64> = record.pool.leases().iter().map(|l| l.fence).collect();
-        assert_eq!(fences, [1, 2, 3]);
-        assert_eq!(
-            legacy::decode(&old).unwrap(),
-            Some(record.clone()),
-            "deterministic"
-        );
-        assert_eq!(legacy::decode(&encode(&key, &record)).unwrap(), None);
-    }
-
-    #[test]
-    fn expressions_name_only_what_they_touch() {
-        let pool = full_pool(2, 0).pool;
-        let (_, update) = pool.plan_return(digest(1), NOW).unwrap();
-        let e = Expression::of(7, &update);
-        assert_eq!(e.condition, "i = :v0 AND s.#p1 = :v1");
-        assert_eq!(e.update, "SET n = n + :v2 REMOVE h.#d1, s.#p1");
-        // A grant that reuses an expired slot overwrites it instead of removing it.
-        let later = NOW + 3_600_000;
-        let BorrowPlan::Take { update, .. } = pool.plan_borrow(digest(9), later + 10, later, None)
-        else {
-            panic!()
-        };
-        let e = Expression::of(7, &update);
-        assert!(e.update.starts_with("SET f = f + "), "{}", e.update);
-        assert!(!e.update.contains("REMOVE s.#p0"), "{}", e.update);
-        assert!(e.condition.contains("size(q) = "), "{}", e.condition);
-    }
-}
+mod tests;

@@ -20,6 +20,9 @@ pub(super) enum Outcome {
         lease: String,
         position: u64,
         expires_at_unix: u64,
+        /// `expires_in`: what the lease had left when answered.
+        left_ms: u64,
+        /// The clamped ttl: the lease ran this long from its grant.
         ttl_ms: u64,
         fence: u64,
     },
@@ -51,6 +54,7 @@ pub(super) fn decode(op: &Op, config: &CheckConfig) -> Result<Outcome, String> {
                 uint(body, "in_use")?,
                 uint(body, "available")?,
             );
+            uint(body, "waiting")?;
             if available != count.saturating_sub(in_use) {
                 return Err("available ≠ max(0, count − in_use)".into());
             }
@@ -69,20 +73,34 @@ pub(super) fn decode(op: &Op, config: &CheckConfig) -> Result<Outcome, String> {
             Some(Value::Bool(deleted)) => Ok(Outcome::Deleted(*deleted)),
             _ => Err("deleted is not a boolean".into()),
         },
-        (Call::Borrow { ttl_ms: asked, .. }, 200) => {
+        (
+            Call::Borrow {
+                ttl_ms: asked,
+                wait_ms,
+            },
+            200,
+        ) => {
             let lease = body
                 .get("lease")
                 .and_then(Value::as_str)
                 .filter(|l| uuid::Uuid::parse_str(l).is_ok())
                 .ok_or("lease is not a UUID string")?;
-            let ttl_ms = body
+            let left_ms = body
                 .get("expires_in")
                 .and_then(Value::as_f64)
                 .map(|s| (s * 1000.0).round() as u64)
                 .ok_or("expires_in is not a number")?;
-            if ttl_ms != (*asked).clamp(1, config.max_ttl_ms) {
+            let ttl_ms = (*asked).clamp(1, config.max_ttl_ms);
+            // A slot taken at once carries the clamped ttl; one handed to a
+            // waiter, what its lease had left when it answered.
+            let valid = if *wait_ms == 0 {
+                left_ms == ttl_ms
+            } else {
+                (1..=ttl_ms).contains(&left_ms)
+            };
+            if !valid {
                 return Err(format!(
-                    "expires_in is not the ttl clamped to {} ms",
+                    "expires_in is not the ttl clamped to {} ms (or, after a wait, what is left of it)",
                     config.max_ttl_ms
                 ));
             }
@@ -90,6 +108,7 @@ pub(super) fn decode(op: &Op, config: &CheckConfig) -> Result<Outcome, String> {
                 lease: lease.to_lowercase(),
                 position: uint(body, "position")?,
                 expires_at_unix: uint(body, "expires_at_unix")?,
+                left_ms,
                 ttl_ms,
                 fence: uint(body, "fence")?,
             })

@@ -259,9 +259,10 @@ impl PoolCalls<'_> {
                     lease,
                     position,
                     expires_at_unix,
+                    left_ms,
                     ttl_ms,
                     fence,
-                } => match self.granted(i, lease, *position, *expires_at_unix, *ttl_ms) {
+                } => match self.granted(i, lease, *position, *expires_at_unix, *left_ms, *ttl_ms) {
                     Ok(mut granted) => {
                         granted.fence = *fence;
                         let returns = returns.get(lease).map(Vec::as_slice).unwrap_or_default();
@@ -288,23 +289,27 @@ impl PoolCalls<'_> {
     }
 
     /// A granted lease's grant and expiry bounds, from its call's window and
+    /// the answer: it expires `left_ms` after the server's clock reading for
     /// the answer (`expires_at_unix` is whole seconds, so it bounds the
-    /// expiry to a second); `Err` if they contradict each other.
+    /// expiry to a second), and was granted `ttl_ms` before it expires (a
+    /// slot handed to a waiter before it answered); `Err` if they contradict
+    /// each other.
     fn granted(
         &self,
         i: usize,
         lease: &str,
         position: u64,
         expires_at_unix: u64,
+        left_ms: u64,
         ttl_ms: u64,
     ) -> Result<Lease, String> {
         let (invoke, response) = self.window(i);
         let second = expires_at_unix.saturating_mul(1000);
-        let expiry_lo = (invoke + ttl_ms).max(second);
-        let expiry_hi = (response + ttl_ms).min(second + 999);
+        let expiry_lo = (invoke + left_ms).max(second);
+        let expiry_hi = (response + left_ms).min(second + 999);
         if expiry_lo > expiry_hi {
             return Err(format!(
-                "expires_at_unix {expires_at_unix} with ttl {ttl_ms} ms is outside the call's window"
+                "expires_at_unix {expires_at_unix} with {left_ms} ms left is outside the call's window"
             ));
         }
         Ok(Lease {
@@ -312,8 +317,8 @@ impl PoolCalls<'_> {
             id: lease.to_string(),
             position,
             fence: 0,
-            grant_lo: expiry_lo - ttl_ms,
-            grant_hi: expiry_hi - ttl_ms,
+            grant_lo: expiry_lo.saturating_sub(ttl_ms).max(invoke),
+            grant_hi: expiry_hi.saturating_sub(ttl_ms).max(invoke),
             response,
             expiry_lo,
             expiry_hi,

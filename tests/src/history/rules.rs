@@ -248,9 +248,25 @@ impl<'h> Checker<'h> {
     }
 
     /// [`Rule::NotLowestPosition`]: no lower position was free throughout the
-    /// grant, counting every lease possibly live then as holding its own.
+    /// grant, counting every lease possibly live then as holding its own. A
+    /// borrow that could wait may have been handed its slot by another call
+    /// (a return, or a waiter handing a freed slot to the head of the queue)
+    /// that chose the position from its own read: any time in the window of
+    /// a call that may have written the grant.
     fn not_lowest_position(&mut self, model: &PoolModel, l: usize, lease: &Lease) {
-        let (a, b) = (lease.grant_lo, lease.grant_hi);
+        let (mut a, b) = (lease.grant_lo, lease.grant_hi);
+        if matches!(self.ops[lease.op].call, Call::Borrow { wait_ms, .. } if wait_ms > 0) {
+            let ops = self.ops;
+            let writers = model.calls.iter().map(|&c| &ops[c]).filter(|op| {
+                let hands_off = match op.call {
+                    Call::Return { .. } => true,
+                    Call::Borrow { wait_ms, .. } => wait_ms > 0,
+                    _ => false,
+                };
+                hands_off && op.invoke_ms <= b && op.response_ms >= lease.grant_lo
+            });
+            a = writers.map(|op| op.invoke_ms).fold(a, u64::min);
+        }
         if model.unknown.touching(a, b).next().is_some() {
             // A lease nobody knows may hold any position.
             return;
@@ -269,7 +285,10 @@ impl<'h> Checker<'h> {
             .enumerate()
             .find(|(k, p)| *k as u64 != **p)
             .map_or(held.len() as u64, |(k, _)| k as u64);
-        if lowest_free < lease.position {
+        // Free throughout also means below every count possibly in force.
+        let points = breakpoints(a, b, model.regime_spans.touching(a, b));
+        let within_count = points.iter().all(|&t| lowest_free < model.min_count(t));
+        if lowest_free < lease.position && within_count {
             let message = format!(
                 "{}: position {lowest_free} was free throughout the grant",
                 self.describe(lease.op)
