@@ -178,7 +178,7 @@ impl PoolStore for Recorder {
             Change::Take { position, .. } | Change::HandOff { position, .. } => Some(position),
             _ => None,
         });
-        if let Some(caller) = CALLER.try_with(|c| *c).ok() {
+        if let Ok(caller) = CALLER.try_with(|c| *c) {
             for change in &update.changes {
                 if let Change::Append(ticket) = change {
                     lock(&self.truth.queued).insert((*key, ticket.holder.digest), caller);

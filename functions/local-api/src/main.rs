@@ -24,7 +24,7 @@ use semaphore::api::{self, ApiResponse};
 use semaphore::metrics::LogFormat;
 use semaphore::service::Call;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
-use semaphore::{config, openapi, Limits, Service};
+use semaphore::{config, openapi, Limits, Route, Service};
 use tokio::net::TcpListener;
 
 const USAGE: &str =
@@ -201,7 +201,19 @@ async fn serve(
                 .collect()
                 .await
             {
-                Ok(body) => api::handle(&service, route, id, &body.to_bytes(), &mut call).await,
+                Ok(body) => {
+                    let parsed = api::Request::parse(route, id, &body.to_bytes());
+                    // A client that hangs up while its borrow waits gives the
+                    // wait up: hyper drops this future, and the guard sends
+                    // the return of its lease id.
+                    let guard = GiveUp {
+                        service: service.clone(),
+                        request: parsed.as_ref().ok().and_then(api::Request::give_up),
+                    };
+                    let response = api::respond(&service, route, parsed, &mut call).await;
+                    guard.disarm();
+                    response
+                }
                 Err(_) => ApiResponse {
                     status: 413,
                     body: serde_json::json!({ "error": "request body too large" }),
@@ -216,6 +228,40 @@ async fn serve(
     Ok(response
         .into_http()
         .map(|body| Full::new(Bytes::from(body))))
+}
+
+/// Gives a waiting borrow up if it is dropped before it answers (its client
+/// disconnected): the return of its lease id takes its ticket out of the
+/// queue, or returns the slot handed to it meanwhile, in the background.
+struct GiveUp {
+    service: Arc<Service>,
+    request: Option<api::Request>,
+}
+
+impl GiveUp {
+    fn disarm(mut self) {
+        self.request = None;
+    }
+}
+
+impl Drop for GiveUp {
+    fn drop(&mut self) {
+        let Some(request) = self.request.take() else {
+            return;
+        };
+        let service = self.service.clone();
+        // Dropped inside the runtime (hyper drops the request future there).
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let mut call = Call::new(None);
+                let response = api::respond(&service, Route::Return, Ok(request), &mut call).await;
+                lambda_http::tracing::info!(
+                    status = response.status,
+                    "client hung up while its borrow waited: the wait was given up"
+                );
+            });
+        }
+    }
 }
 
 #[cfg(test)]

@@ -368,3 +368,60 @@ fn json_log_lines_are_embedded_metric_format() {
     assert!(lines[0].contains(&format!("\"pool\":\"{}\"", &id[..8])));
     server.interrupt();
 }
+
+/// A client that hangs up while its borrow waits gives its place up: once
+/// the holder returns, the next borrower gets the slot at once, instead of
+/// after the abandoned wait would have ended (or a slot handed to nobody).
+fn a_disconnected_waiter_frees_its_place(server: &Server) {
+    let id = uuid::Uuid::new_v4().to_string();
+    let pool = format!("/l/{id}");
+    server.request("PUT", &pool, r#"{"count": 1}"#);
+    let (_, _, held) = server.request("POST", &format!("{pool}/borrow"), r#"{"ttl": 60}"#);
+    // A waiter that will hang up: its request is sent, never read.
+    let mut abandoned = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    let body = r#"{"ttl": 60, "wait": 20}"#;
+    write!(
+        abandoned,
+        "POST {pool}/borrow HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.request("GET", &pool, "").2["waiting"] != 1 {
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(abandoned);
+    let hung_up = Instant::now();
+    while server.request("GET", &pool, "").2["waiting"] != 0 {
+        assert!(
+            hung_up.elapsed() < Duration::from_secs(1),
+            "the abandoned ticket still waits"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ret = format!(r#"{{"lease": "{}"}}"#, held["lease"].as_str().unwrap());
+    server.request("POST", &format!("{pool}/return"), &ret);
+    let (status, _, next) = server.request("POST", &format!("{pool}/borrow"), r#"{"ttl": 5}"#);
+    assert_eq!(status, 200, "{next}");
+    let usable_after = hung_up.elapsed();
+    println!(
+        "pool usable {} ms after the waiter hung up",
+        usable_after.as_millis()
+    );
+    assert!(usable_after < Duration::from_secs(1));
+}
+
+#[test]
+fn a_disconnected_waiter_frees_its_place_on_the_embedded_store() {
+    let server = Server::start(&[]);
+    a_disconnected_waiter_frees_its_place(&server);
+}
+
+#[test]
+fn a_disconnected_waiter_frees_its_place_on_dynamodb_local() {
+    let table = format!("local-api-{}", uuid::Uuid::new_v4().simple());
+    let server = Server::start(&["--dynamodb", &dynamodb_endpoint(), "--table", &table]);
+    a_disconnected_waiter_frees_its_place(&server);
+}

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use semaphore::domain::{Change, Expect, Update};
 use semaphore::keys::PoolKey;
-use semaphore::service::{Policy, Timing};
+use semaphore::service::Timing;
 use semaphore::store::{
     dynamodb, Created, DynamoDbStore, MemoryStore, PoolStore, Record, StoreError, Updated,
 };
@@ -116,23 +116,15 @@ impl Backend {
     pub async fn service(
         &self,
         counters: &Arc<Counters>,
-        policy: Policy,
         timing: Timing,
         limits: Limits,
     ) -> Service {
-        service_over(self.store(counters).await, policy, timing, limits)
+        service_over(self.store(counters).await, timing, limits)
     }
 }
 
-pub fn service_over(
-    store: Arc<dyn PoolStore>,
-    policy: Policy,
-    timing: Timing,
-    limits: Limits,
-) -> Service {
-    Service::new(store, limits)
-        .with_timing(timing)
-        .with_policy(policy)
+pub fn service_over(store: Arc<dyn PoolStore>, timing: Timing, limits: Limits) -> Service {
+    Service::new(store, limits).with_timing(timing)
 }
 
 /// A store whose every call takes `2 × half` longer, the state read or written
@@ -201,38 +193,31 @@ impl Breakdown {
     }
 }
 
-/// What a write is for, from its changes and conditions (pins added by the
-/// old policy do not change the kind).
+/// What a write is for, from its changes (the naive baseline's pins do not
+/// change the kind).
 fn write_kind(update: &Update) -> &'static str {
-    let grant = update.changes.iter().find_map(|c| match c {
-        Change::Grant { digest, .. } => Some(*digest),
-        _ => None,
-    });
-    if let Some(digest) = grant {
-        // A waiter removes its own ticket in the write that takes its slot.
-        let own_ticket = update.changes.iter().any(|c| match c {
-            Change::RemoveTicket(index) => update.expect.iter().any(|e| {
-                matches!(e, Expect::TicketAt { index: i, ticket } if i == index && ticket.digest == digest)
-            }),
-            _ => false,
-        });
-        return if own_ticket {
-            "take (waiter)"
-        } else {
-            "take (newcomer)"
-        };
-    }
     let has = |f: fn(&Change) -> bool| update.changes.iter().any(f);
-    if has(|c| matches!(c, Change::AppendTicket(_))) {
-        "join queue"
-    } else if has(|c| matches!(c, Change::SetCount(_))) {
-        "resize"
-    } else if has(|c| matches!(c, Change::RemoveLease { .. })) {
-        if IN_RETURN.try_with(|r| *r).unwrap_or(false) {
-            "return"
+    let in_return = IN_RETURN.try_with(|r| *r).unwrap_or(false);
+    if has(|c| matches!(c, Change::Take { .. })) {
+        "take (newcomer)"
+    } else if has(|c| matches!(c, Change::HandOff { .. })) {
+        if in_return {
+            "return, handing off"
         } else {
-            "prune leases"
+            "hand-off (waiter)"
         }
+    } else if has(|c| matches!(c, Change::Append(_))) {
+        "join queue"
+    } else if has(|c| matches!(c, Change::SetCount(_) | Change::Extend(_))) {
+        "resize"
+    } else if has(|c| matches!(c, Change::Free(_))) {
+        if in_return {
+            "return, freeing"
+        } else {
+            "free"
+        }
+    } else if has(|c| matches!(c, Change::SetTomb(_))) {
+        "remember a given-up id"
     } else if has(|c| matches!(c, Change::RemoveTicket(_))) {
         "cancel or prune tickets"
     } else {
@@ -244,13 +229,17 @@ fn write_kind(update: &Update) -> &'static str {
 fn expect_kind(expect: &Expect) -> &'static str {
     match expect {
         Expect::Count(_) => "lost: Count",
-        Expect::StoredBelow(_) => "lost: StoredBelow",
+        Expect::SlotsLen(_) => "lost: SlotsLen",
         Expect::SlotFree(_) => "lost: SlotFree",
-        Expect::SlotHeldBy { .. } => "lost: SlotHeldBy",
-        Expect::LeaseAbsent(_) => "lost: LeaseAbsent",
+        Expect::SlotStamp { .. } => "lost: SlotStamp",
         Expect::QueueLen(_) => "lost: QueueLen",
-        Expect::QueueShorterThan(_) => "lost: QueueShorterThan",
+        Expect::QueueBelow(_) => "lost: QueueBelow",
         Expect::TicketAt { .. } => "lost: TicketAt",
+        Expect::NotQueued(_) => "lost: NotQueued",
+        Expect::NotHeld(_) => "lost: NotHeld",
+        Expect::NoTomb(_) => "lost: NoTomb",
+        Expect::TombIs(_) => "lost: TombIs",
+        Expect::EndedIs(_) => "lost: EndedIs",
     }
 }
 

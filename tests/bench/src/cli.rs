@@ -286,10 +286,7 @@ mod tests {
         assert!(args.dynamodb.is_none());
         assert_eq!(args.out, default_dir().join("report.json"));
         assert_eq!(args.timing(), Timing::default());
-        assert_eq!(
-            args.strategies(),
-            [Strategy::New, Strategy::Old, Strategy::Naive]
-        );
+        assert_eq!(args.strategies(), [Strategy::New, Strategy::Naive]);
         assert_eq!(args.latencies(), [Duration::ZERO, Duration::from_millis(8)]);
         assert!(args.dynamodb_store() && args.memory_store());
         assert!(args.only.is_empty() && args.runs(Section::Wake));

@@ -267,9 +267,9 @@ pub async fn read_load(
     strategy: Strategy,
     spec: ReadLoadSpec,
 ) -> Result<ReadLoadRow, String> {
-    let policy = strategy
-        .policy()
-        .ok_or("read load is measured for the service's policies only")?;
+    if !strategy.is_service() {
+        return Err("read load is measured for the service only".into());
+    }
     let n = spec.waiters;
     let limits = Limits {
         max_wait_ms: 600_000,
@@ -326,7 +326,7 @@ pub async fn read_load(
     let wait_ms = (finish - Instant::now()).as_millis() as u64 + 5_000;
     let mut tasks = Vec::with_capacity(n);
     for _ in 0..n {
-        let service = service_over(store.clone(), policy, local.timing, limits);
+        let service = service_over(store.clone(), local.timing, limits);
         let tx = tx.clone();
         tasks.push(tokio::spawn(async move {
             match service

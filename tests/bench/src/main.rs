@@ -206,9 +206,7 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
         progress("warming up DynamoDB");
         scenarios::operations(&dynamodb, plan.warmup_samples).await?;
         let warmup = plan.warmup_seconds;
-        for strategy in [Strategy::New, Strategy::Old] {
-            scenarios::contention(&dynamodb, strategy, 4, warmup, args.hold).await?;
-        }
+        scenarios::contention(&dynamodb, Strategy::New, 4, warmup, args.hold).await?;
     }
     let with_latency = |env: &Env, latency: Duration| Env {
         backend: env.backend.with_latency(latency),
@@ -217,7 +215,7 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
     let fair: Vec<Strategy> = strategies
         .iter()
         .copied()
-        .filter(|s| s.policy().is_some())
+        .filter(|s| s.is_service())
         .collect();
     let wake_strategies: Vec<Strategy> = fair
         .iter()

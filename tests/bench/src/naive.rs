@@ -1,16 +1,14 @@
 //! The baseline: the aws-samples Step Functions semaphore's way, on the same
-//! domain and store. Every write is pinned to the whole pool as read
-//! ([`Pool::pins`], the equivalent of a version check), a lost write is
-//! followed by a fresh read (the record it handed back is ignored), and a
-//! borrower that finds the pool full sleeps a fixed 3 s before reading again.
-//! No queue: whoever reads and writes first after a slot frees gets it.
-//!
-//! [`Pool::pins`]: semaphore::domain::Pool::pins
+//! domain and store. Every write is pinned to the whole pool as read ([`pins`],
+//! the equivalent of a version check), a lost write is followed by a fresh
+//! read (the record it handed back is ignored), and a borrower that finds the
+//! pool full sleeps a fixed 3 s before reading again. No queue: whoever reads
+//! and writes first after a slot frees gets it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use semaphore::domain::{BorrowPlan, Lease, Pool, Update};
+use semaphore::domain::{BorrowPlan, Expect, Holder, Lease, Pool, ReturnPlan, Slot, Update};
 use semaphore::keys::{LeaseId, PoolKey};
 use semaphore::service::now_ms;
 use semaphore::store::{PoolStore, StoreError, StoreErrorKind, Updated};
@@ -25,10 +23,37 @@ fn gone() -> StoreError {
     StoreError::new(StoreErrorKind::Unavailable, "pool vanished")
 }
 
+/// Expectations that fail on any change at all to `pool`: what a whole-item
+/// version check amounts to.
+pub fn pins(pool: &Pool) -> Vec<Expect> {
+    let mut pins = vec![
+        Expect::Count(pool.sizing()),
+        Expect::SlotsLen(pool.slots().len()),
+        Expect::QueueLen(pool.queue().len()),
+    ];
+    for (position, slot) in pool.slots().iter().enumerate() {
+        let position = position as u16;
+        pins.push(match slot {
+            Slot::Free => Expect::SlotFree(position),
+            Slot::Held { stamp, .. } => Expect::SlotStamp {
+                position,
+                stamp: *stamp,
+            },
+        });
+    }
+    for (index, ticket) in pool.queue().iter().enumerate() {
+        pins.push(Expect::TicketAt {
+            index,
+            holder: ticket.holder,
+        });
+    }
+    pins
+}
+
 /// `update`, also conditioned on every part of `pool` as read.
 fn pinned(update: Update, pool: &Pool) -> Update {
     let mut all = update;
-    all.expect.extend(pool.pins());
+    all.expect.extend(pins(pool));
     all
 }
 
@@ -40,14 +65,18 @@ impl Naive {
         ttl_ms: u64,
         give_up: Instant,
     ) -> Result<Option<Lease>, StoreError> {
-        let digest = LeaseId::new_random().digest();
+        let holder = Holder {
+            digest: LeaseId::new_random().digest(),
+            ttl_ms,
+        };
         loop {
             let record = self.store.load(key).await?.ok_or_else(gone)?;
             let now = now_ms();
-            let update = match record.pool.plan_borrow(digest, now + ttl_ms, now, None) {
+            // It never waits in the queue: a join means the pool is full.
+            let update = match record.pool.plan_borrow(holder, now, now, usize::MAX) {
                 BorrowPlan::Held(lease) => return Ok(Some(lease)),
                 BorrowPlan::Take { update, .. } | BorrowPlan::Prune(update) => update,
-                BorrowPlan::Wait { .. } => {
+                _ => {
                     let left = give_up.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Ok(None);
@@ -59,8 +88,8 @@ impl Naive {
             let update = pinned(update, &record.pool);
             match self.store.update(key, record.incarnation, &update).await? {
                 Updated::Written(now_stored) => {
-                    if let Some(lease) = now_stored.pool.live_lease(digest, now_ms()) {
-                        return Ok(Some(*lease));
+                    if let Some(lease) = now_stored.pool.live_lease(holder.digest, now_ms()) {
+                        return Ok(Some(lease));
                     }
                     // A prune landed: read and plan again.
                 }
@@ -74,7 +103,8 @@ impl Naive {
     pub async fn return_lease(&self, key: &PoolKey, lease: &Lease) -> Result<bool, StoreError> {
         loop {
             let record = self.store.load(key).await?.ok_or_else(gone)?;
-            let Some((_, update)) = record.pool.plan_return(lease.digest, now_ms()) else {
+            let ReturnPlan::Return(_, update) = record.pool.plan_return(lease.digest, now_ms())
+            else {
                 return Ok(false);
             };
             let update = pinned(update, &record.pool);

@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use semaphore::domain::{BorrowPlan, JoinPlan, Lease, Pool, Ticket};
+use semaphore::domain::{BorrowPlan, Holder, Lease, Pool};
 use semaphore::keys::{LeaseId, PoolId};
-use semaphore::service::{now_ms, BorrowRequest, Call, Grant, Policy, Timing};
+use semaphore::service::{now_ms, BorrowRequest, Call, Grant, Timing};
 use semaphore::store::Record;
 use semaphore::{Error, Limits, Service};
 use semaphore_tests::rng::Rng;
@@ -65,44 +65,41 @@ pub fn request(ttl_ms: u64, wait_ms: u64) -> BorrowRequest {
     BorrowRequest {
         ttl_ms,
         wait_ms,
-        lease: None,
+        lease: LeaseId::new_random(),
     }
 }
 
-/// What is compared: the service with one of its policies, or the baseline.
+/// What is compared: the service, or the baseline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Strategy {
-    /// The service as shipped: per-slot conditional updates, fair waiting.
+    /// The service as shipped: hand-off, fair waiting.
     New,
-    /// The service with the replaced design's policy: whole-item
-    /// conditions, a nap and fresh read after every lost write, waiters
-    /// polling 15→90 ms and racing newcomers.
-    Old,
     /// [`Naive`]: whole-item conditions, re-read after every conflict,
     /// fixed 3 s sleep when full.
     Naive,
 }
 
 impl Strategy {
-    pub const ALL: [Strategy; 3] = [Strategy::New, Strategy::Old, Strategy::Naive];
+    pub const ALL: [Strategy; 2] = [Strategy::New, Strategy::Naive];
 
     pub fn name(self) -> &'static str {
         match self {
             Strategy::New => "new",
-            Strategy::Old => "old",
             Strategy::Naive => "naive",
         }
     }
 
-    /// The service policy, for the two that are the service.
-    pub fn policy(self) -> Option<Policy> {
-        match self {
-            Strategy::New => Some(Policy::default()),
-            Strategy::Old => Some(Policy {
-                whole_item_writes: true,
-                fair_waiting: false,
-            }),
-            Strategy::Naive => None,
+    /// Whether this is the service (the rest are baselines).
+    pub fn is_service(self) -> bool {
+        self == Strategy::New
+    }
+
+    /// An error unless this is the service: `what` is measured for it only.
+    fn service_only(self, what: &str) -> Result<(), String> {
+        if self.is_service() {
+            Ok(())
+        } else {
+            Err(format!("{what} is measured for the service only"))
         }
     }
 }
@@ -116,17 +113,16 @@ pub struct Env {
 }
 
 impl Env {
-    pub async fn service(&self, counters: &Arc<Counters>, policy: Policy) -> Service {
+    pub async fn service(&self, counters: &Arc<Counters>) -> Service {
         self.backend
-            .service(counters, policy, self.timing, self.limits)
+            .service(counters, self.timing, self.limits)
             .await
     }
 
     /// A service of the default policy whose calls nobody counts: set-up
     /// and tear-down.
     pub async fn setup(&self) -> Service {
-        self.service(&Arc::new(Counters::default()), Policy::default())
-            .await
+        self.service(&Arc::new(Counters::default())).await
     }
 
     /// A client of `strategy` whose writes are counted into `counters` and
@@ -138,14 +134,10 @@ impl Env {
         strategy: Strategy,
     ) -> Worker {
         let store = self.backend.classified_store(counters, breakdown).await;
-        match strategy.policy() {
-            Some(policy) => Worker::Service(Box::new(service_over(
-                store,
-                policy,
-                self.timing,
-                self.limits,
-            ))),
-            None => Worker::Naive(Naive { store }),
+        if strategy.is_service() {
+            Worker::Service(Box::new(service_over(store, self.timing, self.limits)))
+        } else {
+            Worker::Naive(Naive { store })
         }
     }
 }
@@ -197,7 +189,7 @@ pub fn add(a: &Snapshot, b: &Snapshot) -> Snapshot {
 /// Every route once per sample, uncontended, one client of the default policy.
 pub async fn operations(env: &Env, samples: usize) -> Result<Vec<OpRow>, String> {
     let counters = Arc::new(Counters::default());
-    let service = env.service(&counters, Policy::default()).await;
+    let service = env.service(&counters).await;
     let mut rec = Recorder {
         counters: counters.clone(),
         rows: Vec::new(),
@@ -602,9 +594,7 @@ pub async fn wake(
     samples: usize,
     lanes: usize,
 ) -> Result<WakeRow, String> {
-    let policy = strategy
-        .policy()
-        .ok_or("wake delay is measured for the service's policies only")?;
+    strategy.service_only("wake delay")?;
     let lanes = lanes.clamp(1, samples.max(1));
     let mut tasks = Vec::with_capacity(lanes);
     // The waiter's calls only: what a wake costs, and which writes it lost.
@@ -613,7 +603,7 @@ pub async fn wake(
     for lane in 0..lanes {
         let holder = env.setup().await;
         let store = env.backend.classified_store(&counters, &breakdown).await;
-        let waiter = Arc::new(service_over(store, policy, env.timing, env.limits));
+        let waiter = Arc::new(service_over(store, env.timing, env.limits));
         // Spread the remainder over the first lanes.
         let n = samples / lanes + usize::from(lane < samples % lanes);
         let mut rng = Rng::new(seed());
@@ -650,12 +640,10 @@ pub async fn wake(
 
 /// Reads (and writes) one waiter spends per second while nothing frees up.
 pub async fn polling(env: &Env, strategy: Strategy, seconds: f64) -> Result<PollRow, String> {
-    let policy = strategy
-        .policy()
-        .ok_or("polling is measured for the service's policies only")?;
+    strategy.service_only("polling")?;
     let holder = env.setup().await;
     let counters = Arc::new(Counters::default());
-    let waiter = env.service(&counters, policy).await;
+    let waiter = env.service(&counters).await;
     let id = new_pool();
     holder
         .register(id, 1, &mut call())
@@ -696,20 +684,20 @@ pub async fn polling(env: &Env, strategy: Strategy, seconds: f64) -> Result<Poll
 pub fn full_pool(count: u16, waiting: usize) -> Result<Pool, String> {
     let now = now_ms();
     let mut pool = Pool::new(count, now);
+    let holder = || Holder {
+        digest: LeaseId::new_random().digest(),
+        ttl_ms: 3_600_000,
+    };
     for _ in 0..count {
-        let digest = LeaseId::new_random().digest();
-        let BorrowPlan::Take { update, .. } = pool.plan_borrow(digest, now + 3_600_000, now, None)
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(), now, now, usize::MAX)
         else {
             return Err("a pool with a free slot would not grant".into());
         };
         pool = pool.apply(&update).map_err(|e| format!("{e:?}"))?;
     }
     for _ in 0..waiting {
-        let ticket = Ticket {
-            digest: LeaseId::new_random().digest(),
-            give_up_ms: now + 25_000,
-        };
-        let JoinPlan::Join(update) = pool.plan_join(ticket, usize::MAX, now) else {
+        let BorrowPlan::Join(update) = pool.plan_borrow(holder(), now + 25_000, now, usize::MAX)
+        else {
             return Err("a ticket would not join".into());
         };
         pool = pool.apply(&update).map_err(|e| format!("{e:?}"))?;
