@@ -11,7 +11,7 @@ use crate::scenarios::Strategy;
 
 /// Measures the semaphore service on DynamoDB (Local) and on the in-memory
 /// store: DynamoDB calls and capacity per operation, contention goodput of
-/// the new write path against the old one and a naive baseline, fairness
+/// the service against a naive baseline, fairness
 /// under saturation, read load of many waiters, wake delay, polling rate and
 /// item sizes.
 ///
@@ -71,11 +71,11 @@ pub struct Args {
     #[arg(long = "poll", value_name = "POLL_MS,CAP_MS", value_parser = poll, help = poll_help())]
     poll_ms: Option<(Duration, Duration)>,
 
-    /// Strategies: new (the product), old (whole-item writes, unfair
-    /// waiting), naive (re-read on conflict, 3 s sleep when full). Saturation
-    /// and read load run new and old only.
+    /// Strategies: new (the product), naive (whole-pool conditions, re-read
+    /// on conflict, 3 s sleep when full). Saturation, read load, wake and
+    /// polling run new only.
     #[arg(long, value_name = "LIST", value_delimiter = ',',
-          default_values = ["new", "old", "naive"], value_parser = strategy())]
+          default_values = ["new", "naive"], value_parser = strategy())]
     pub strategies: Vec<Strategy>,
 
     /// Run only these sections [default: all].

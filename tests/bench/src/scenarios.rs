@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use semaphore::domain::{BorrowPlan, Holder, Lease, Pool};
+use semaphore::domain::{BorrowPlan, Holder, Lease, Pool, Slot, Stamp};
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::service::{now_ms, BorrowRequest, Call, Grant, Timing};
 use semaphore::store::Record;
@@ -194,7 +194,6 @@ pub async fn operations(env: &Env, samples: usize) -> Result<Vec<OpRow>, String>
         counters: counters.clone(),
         rows: Vec::new(),
     };
-    let free = request(LONG_TTL_MS, 0);
     for _ in 0..samples {
         let id = new_pool();
         let t = rec.start();
@@ -211,12 +210,15 @@ pub async fn operations(env: &Env, samples: usize) -> Result<Vec<OpRow>, String>
         rec.stop("register (existing, same count)", t);
         let t = rec.start();
         let grant = service
-            .borrow(id, free, &mut call())
+            .borrow(id, request(LONG_TTL_MS, 0), &mut call())
             .await
             .map_err(fail("borrow"))?;
         rec.stop("borrow (free slot)", t);
         let t = rec.start();
-        match service.borrow(id, free, &mut call()).await {
+        match service
+            .borrow(id, request(LONG_TTL_MS, 0), &mut call())
+            .await
+        {
             Err(Error::Exhausted) => rec.stop("borrow (pool full, wait 0)", t),
             other => return Err(format!("borrow on a full pool gave {other:?}")),
         }
@@ -679,8 +681,8 @@ pub async fn polling(env: &Env, strategy: Strategy, seconds: f64) -> Result<Poll
     })
 }
 
-/// A pool with every slot held by a distinct live lease and `waiting`
-/// tickets queued.
+/// A pool with every slot held by a distinct live lease (ttl 1 h) and
+/// `waiting` tickets queued, a million grants old.
 pub fn full_pool(count: u16, waiting: usize) -> Result<Pool, String> {
     let now = now_ms();
     let mut pool = Pool::new(count, now);
@@ -702,7 +704,32 @@ pub fn full_pool(count: u16, waiting: usize) -> Result<Pool, String> {
         };
         pool = pool.apply(&update).map_err(|e| format!("{e:?}"))?;
     }
-    Ok(pool)
+    // A million grants into its life: fences have the digits they would.
+    const AGE: u64 = 1_000_000;
+    let slots = pool
+        .slots()
+        .iter()
+        .map(|slot| match *slot {
+            Slot::Held { holder, stamp } => Slot::Held {
+                holder,
+                stamp: Stamp {
+                    fence: stamp.fence + AGE,
+                    ..stamp
+                },
+            },
+            Slot::Free => Slot::Free,
+        })
+        .collect();
+    Pool::from_parts(
+        pool.sizing(),
+        pool.base_us(),
+        pool.next_fence() + AGE,
+        slots,
+        pool.queue().to_vec(),
+        pool.tombs().to_vec(),
+        pool.ended().to_vec(),
+    )
+    .map_err(|e| format!("{e:?}"))
 }
 
 /// Item sizes of fully held pools (count, waiting tickets); on DynamoDB also

@@ -136,7 +136,7 @@ fn smoke_profile_emits_a_complete_report() {
         );
     }
     for backend in ["dynamodb-local", "memory"] {
-        for strategy in ["new", "old", "naive"] {
+        for strategy in ["new", "naive"] {
             for latency in [0, 8] {
                 assert!(
                     contention.iter().any(|r| r["backend"] == backend
@@ -184,7 +184,7 @@ fn smoke_profile_emits_a_complete_report() {
         .iter()
         .filter_map(|r| r["strategy"].as_str())
         .collect();
-    assert_eq!(strategies, ["new", "old"]);
+    assert_eq!(strategies, ["new"]);
 
     for row in rows(&report, "read_load") {
         has_keys(
@@ -212,7 +212,16 @@ fn smoke_profile_emits_a_complete_report() {
         .collect();
     assert_eq!(
         shapes,
-        [(1, 0), (16, 0), (100, 0), (1000, 0), (4, 100), (4, 1000)]
+        [
+            (1, 0),
+            (4, 0),
+            (16, 0),
+            (32, 0),
+            (100, 0),
+            (1000, 0),
+            (4, 100),
+            (4, 1000)
+        ]
     );
 
     // The smoke profile measures every target but those of 100 and 1,000 waiters.
