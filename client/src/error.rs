@@ -6,8 +6,12 @@ use std::time::Duration;
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum Error {
-    /// `404`: no pool with this id (never registered, or deleted).
+    /// `404 {"error":"pool not found"}`: no pool with this id (never
+    /// registered, or deleted).
     PoolNotFound,
+    /// Any other `404`: the URL leads to no route of the service (a wrong
+    /// path or stage), or to another server. The start of its answer.
+    RouteNotFound(String),
     /// `409` until the caller's whole wait (`waited`) was spent: no slot
     /// freed up.
     NoSlot { waited: Duration },
@@ -29,6 +33,10 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::PoolNotFound => f.write_str("pool not found"),
+            Error::RouteNotFound(answer) => write!(
+                f,
+                "the service URL leads to no semaphore service (HTTP 404: {answer})"
+            ),
             Error::NoSlot { waited } if waited.is_zero() => f.write_str("no slot free"),
             Error::NoSlot { waited } => write!(
                 f,

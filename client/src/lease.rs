@@ -11,6 +11,7 @@ use crate::{short, Error, Pool};
 
 /// What a borrow answered (`POST /l/{id}/borrow`'s body).
 #[derive(Clone, PartialEq)]
+#[non_exhaustive]
 pub struct Grant {
     /// The lease UUID: a secret of its holder.
     pub lease: Uuid,
@@ -18,7 +19,9 @@ pub struct Grant {
     pub position: u32,
     /// When the lease ends, in whole Unix seconds, rounded down.
     pub expires_at_unix: u64,
-    /// Seconds the lease had left when the server answered.
+    /// Seconds the lease had left when the server answered: the ttl granted
+    /// (clamped to the server's maximum) when a slot was free, less when the
+    /// slot was handed over during a wait or the answer repeats a grant.
     pub expires_in: f64,
     /// The fencing token; `None` only from a server older than fencing.
     pub fence: Option<u64>,
@@ -73,14 +76,18 @@ impl Grant {
 }
 
 /// A held slot of a pool. Dropping it without [`release`](Lease::release)
-/// or [`detach`](Lease::detach) returns it in the background (best effort:
-/// see the crate docs).
+/// or [`detach`](Lease::detach) returns it in the background, bounded and
+/// only while the current tokio runtime keeps running (the crate docs say
+/// exactly when); [`Pool::with_lease`](crate::Pool::with_lease) always awaits
+/// the return.
 pub struct Lease {
     pool: Pool,
     grant: Grant,
-    /// When the lease ends by this process's clock, never later than the
-    /// server's: the request was sent before the grant was made.
-    ends_by: Instant,
+    /// When the lease ends by this process's clock: when its answer arrived
+    /// plus the time the server said it had left.
+    deadline: Instant,
+    /// Whether the server surely granted less than the ttl asked.
+    clamped: bool,
     /// Whether dropping must return it.
     armed: bool,
 }
@@ -95,11 +102,26 @@ impl fmt::Debug for Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(pool: Pool, grant: Grant, sent_at: Instant) -> Lease {
+    /// `grant`, answered at `received` to a borrow of `ttl` that started at
+    /// `started`.
+    pub(crate) fn new(
+        pool: Pool,
+        grant: Grant,
+        ttl: Duration,
+        started: Instant,
+        received: Instant,
+    ) -> Lease {
         let left = Duration::try_from_secs_f64(grant.expires_in).unwrap_or(Duration::ZERO);
+        // The slot was granted after the borrow started, so the ttl granted
+        // is at most what is left plus the time since: less than asked means
+        // the server clamped it (a hand-off after a wait alone cannot).
+        // A millisecond of slack for the server's rounding.
+        let clamped = left + (received - started) + Duration::from_millis(1)
+            < Duration::from_millis(ttl.as_millis().min(u128::from(u64::MAX)) as u64);
         Lease {
             pool,
-            ends_by: sent_at + left,
+            deadline: received + left,
+            clamped,
             grant,
             armed: true,
         }
@@ -120,15 +142,27 @@ impl Lease {
         self.grant.fence
     }
 
-    /// When the lease ends (the server's `expires_at_unix`).
+    /// When the lease ends (the server's `expires_at_unix`, whole seconds
+    /// rounded down).
     pub fn expires_at(&self) -> SystemTime {
         UNIX_EPOCH + Duration::from_secs(self.grant.expires_at_unix)
     }
 
-    /// When the lease ends by this process's monotonic clock, a little early
-    /// rather than late: stop using the slot by then.
+    /// When the lease ends by this process's monotonic clock: the instant
+    /// its answer arrived plus the `expires_in` the server answered, so the
+    /// time the server granted, not the ttl asked. It is late by the answer's
+    /// time in transit (milliseconds on a good network): stop using the slot
+    /// a little before.
     pub fn deadline(&self) -> Instant {
-        self.ends_by
+        self.deadline
+    }
+
+    /// Whether the server surely granted a shorter ttl than asked (it clamps
+    /// the ttl to its `MAX_TTL_SECONDS`). A lease can also have less left
+    /// than asked without that, if it was handed over during a wait: in all
+    /// cases [`deadline`](Lease::deadline) is when it ends.
+    pub fn ttl_clamped(&self) -> bool {
+        self.clamped
     }
 
     pub fn grant(&self) -> &Grant {
@@ -155,17 +189,8 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
-        if !self.armed {
-            return;
-        }
-        // Without a runtime there is nothing to run the return on; the lease
-        // then ends by itself at its ttl.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let pool = self.pool.clone();
-            let lease = self.grant.lease;
-            runtime.spawn(async move {
-                let _ = pool.return_lease(lease).await;
-            });
+        if self.armed {
+            self.pool.return_in_background(self.grant.lease);
         }
     }
 }

@@ -3,19 +3,33 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), semaphore_client::Error> {
 //! use std::time::Duration;
-//! use semaphore_client::Client;
+//! use semaphore_client::{Borrow, Client, Uuid};
 //!
 //! let client = Client::new("http://127.0.0.1:3000")?;
-//! let pool = client.pool("9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01".parse().unwrap());
+//! let pool = client.pool(Uuid::parse_str("9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01").unwrap());
 //! pool.register(2).await?;
 //! // Hold a slot for at most 60 s; wait up to 5 minutes for one.
-//! let lease = pool.borrow(Duration::from_secs(60), Duration::from_secs(300)).await?;
+//! let ask = Borrow::ttl(Duration::from_secs(60)).wait(Duration::from_secs(300));
+//! let lease = pool.borrow(ask).await?;
 //! println!("slot {} (fence {:?})", lease.position(), lease.fence());
-//! // ... the guarded work, passing lease.fence() to the protected resource ...
+//! // ... the guarded work, passing lease.fence() to the protected resource,
+//! // done before lease.deadline() ...
 //! lease.release().await?;
+//!
+//! // Or scoped: the lease is returned (and awaited) however the body ends,
+//! // a panic included.
+//! let fence = pool
+//!     .with_lease(ask, async |lease| {
+//!         // ... the guarded work ...
+//!         lease.fence()
+//!     })
+//!     .await?;
+//! # let _ = fence;
 //! # Ok(()) }
 //! ```
 //!
+//! - **A [`Borrow`] names its durations.** `Borrow::ttl(…).wait(…)`: the
+//!   lease's time to live and the time to wait for a slot cannot be swapped.
 //! - **Waits of any length.** The server blocks a borrow for at most its own
 //!   `MAX_WAIT_SECONDS` (25 s by default); [`Pool::borrow`] borrows again
 //!   after each `409` until the caller's whole wait is spent, pausing a little
@@ -25,31 +39,60 @@
 //! - **Retries that never strand a slot.** Connection errors, timeouts and
 //!   `502`/`503`/`504`/`429` are retried with capped, jittered backoff
 //!   ([`RetryPolicy`]). A borrow sends a lease UUID it chose once per
-//!   [`Pool::borrow`] call, so a retry after a lost answer gets the slot the
-//!   lost answer granted instead of a second one. `500` (a server bug) is not
-//!   retried.
+//!   [`Pool::borrow`] call (or the caller's, [`Borrow::lease_id`]), so a
+//!   retry after a lost answer gets the slot the lost answer granted instead
+//!   of a second one. `500` (a server bug) is not retried.
+//! - **A borrow given up is given back.** Dropping a [`Pool::borrow`] future
+//!   before it resolved (a timeout, the losing branch of `select!`) sends the
+//!   return of its lease UUID in the background: that takes the waiting
+//!   borrow out of the pool's queue, or returns the slot if one was granted
+//!   meanwhile. So does a borrow that failed without knowing whether it was
+//!   granted ([`Error::Unavailable`], [`Error::Unexpected`]).
 //! - **A lease is a guard.** Dropping a [`Lease`] without
-//!   [`release`](Lease::release) returns it in the background on the current
-//!   tokio runtime: best effort, since the runtime may shut down first (at the
-//!   end of `main`, say) and the return is not retried. Call `release().await`
-//!   to know the slot is back; in any case it frees itself when its `ttl` ends.
+//!   [`release`](Lease::release) or [`detach`](Lease::detach) returns it in
+//!   the background. Background returns (of a dropped lease or of a dropped
+//!   borrow) are spawned on the tokio runtime current where the drop happens,
+//!   retried at most 3 times within 5 s in all, and happen only if that
+//!   runtime keeps running that long: **not** when the drop happens outside a
+//!   runtime, nor when the runtime shuts down first (the end of
+//!   `#[tokio::main]`, a dropped `Runtime`, a test's runtime), nor when the
+//!   process exits first. In those cases the slot frees itself when its ttl
+//!   ends. To know the slot is back, call `release().await`, or use
+//!   [`Pool::with_lease`], which always awaits the return; to let the
+//!   background returns finish before the runtime ends, await
+//!   [`Client::settle`].
+//! - **The lease's end by your clock.** The server may grant less than the
+//!   ttl asked (it clamps it to its `MAX_TTL_SECONDS`; a slot handed over
+//!   after a wait has already run a little). [`Lease::deadline`] is the
+//!   answer's arrival plus the time the server said was left; stop using the
+//!   slot a little before it.
 //! - **Secrets stay out of logs.** Pool and lease UUIDs are bearer
 //!   credentials: `Debug` output and error messages show only their first 8
 //!   hex digits.
+//!
+//! The `semaphore` command-line tool is in this crate too, behind the `cli`
+//! feature (off by default), so that the library alone does not compile the
+//! tool's dependencies: `cargo install --path client --features cli`.
 
 mod error;
 mod lease;
 
 use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use reqwest::header::CONTENT_TYPE;
 use reqwest::{Method, Url};
 use serde_json::{json, Value};
-use uuid::Uuid;
+use tokio::sync::Notify;
 
 pub use error::Error;
 pub use lease::{Grant, Lease};
+pub use uuid::Uuid;
 
 /// Longest `wait` asked of the server in one request. API Gateway ends every
 /// request at 30 s, so a deployed server never blocks longer than this anyway.
@@ -62,11 +105,21 @@ const QUICK_409_PAUSE: Backoff = Backoff {
     base: Duration::from_millis(100),
     cap: Duration::from_secs(2),
 };
+/// A return sent in the background (a dropped lease or borrow) is retried
+/// this way, and given up after [`BACKGROUND_DEADLINE`] in all: it must not
+/// keep a runtime busy for long, and the slot frees itself at its ttl anyway.
+const BACKGROUND_RETRY: RetryPolicy = RetryPolicy {
+    retries: 3,
+    base: Duration::from_millis(100),
+    cap: Duration::from_secs(1),
+};
+const BACKGROUND_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How failed requests are retried: up to `retries` more attempts, sleeping
 /// `base` doubling per attempt up to `cap`, each sleep jittered between half
 /// and all of it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     pub retries: u32,
     pub base: Duration,
@@ -81,6 +134,19 @@ impl Default for RetryPolicy {
             base: Duration::from_millis(200),
             cap: Duration::from_secs(5),
         }
+    }
+}
+
+impl RetryPolicy {
+    /// `retries` more attempts, sleeping `base` doubling up to `cap` between them.
+    pub fn new(retries: u32, base: Duration, cap: Duration) -> RetryPolicy {
+        RetryPolicy { retries, base, cap }
+    }
+
+    /// The same policy with another number of retries (0: one attempt).
+    pub fn with_retries(mut self, retries: u32) -> RetryPolicy {
+        self.retries = retries;
+        self
     }
 }
 
@@ -100,12 +166,39 @@ impl Backoff {
     }
 }
 
-/// A connection to one service. Cheap to clone (the connection pool is shared).
+/// A connection to one service. Cheap to clone (the connection pool, and
+/// the count of returns sent in the background, are shared).
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
     base: Url,
     retry: RetryPolicy,
+    background: Arc<Background>,
+}
+
+/// Returns sent in the background that have not finished yet.
+#[derive(Default)]
+struct Background {
+    pending: AtomicUsize,
+    finished: Notify,
+}
+
+/// Counts one background return as finished when dropped: when it is done,
+/// and also when a runtime shutting down drops it unfinished.
+struct Pending(Arc<Background>);
+
+impl Pending {
+    fn new(background: &Arc<Background>) -> Pending {
+        background.pending.fetch_add(1, Ordering::SeqCst);
+        Pending(background.clone())
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.0.pending.fetch_sub(1, Ordering::SeqCst);
+        self.0.finished.notify_waiters();
+    }
 }
 
 impl fmt::Debug for Client {
@@ -144,7 +237,25 @@ impl Client {
             http,
             base,
             retry: RetryPolicy::default(),
+            background: Arc::default(),
         })
+    }
+
+    /// Waits until the returns this client (or a clone of it) sent in the
+    /// background have finished: those of dropped leases and of dropped or
+    /// failed borrows. Each gives up within 5 s. Await it before the runtime
+    /// ends (at the end of `main`) so that none is cut off.
+    pub async fn settle(&self) {
+        loop {
+            let mut finished = std::pin::pin!(self.background.finished.notified());
+            // Registered before the check, so a return finishing in between
+            // still wakes us.
+            finished.as_mut().enable();
+            if self.background.pending.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            finished.await;
+        }
     }
 
     /// The same client with another retry policy.
@@ -252,10 +363,12 @@ struct Answer {
 
 impl Answer {
     fn new(status: u16, bytes: &[u8]) -> Answer {
+        let start = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
         Answer {
             status,
             body: serde_json::from_slice(bytes).unwrap_or(Value::Null),
-            raw: String::from_utf8_lossy(&bytes[..bytes.len().min(200)]).into_owned(),
+            // On one line: an HTML page quoted in an error stays readable.
+            raw: start.split_whitespace().collect::<Vec<_>>().join(" "),
         }
     }
 
@@ -271,7 +384,13 @@ impl Answer {
     fn error(&self) -> Error {
         match self.status {
             400 | 413 => Error::BadRequest(self.message()),
-            404 => Error::PoolNotFound,
+            // Only the service's own answer means the pool is missing: a
+            // route it does not know answers `not found`, and another server
+            // (a wrong URL) anything at all.
+            404 if self.body.get("error").and_then(Value::as_str) == Some("pool not found") => {
+                Error::PoolNotFound
+            }
+            404 => Error::RouteNotFound(self.message()),
             500 => Error::ServerBug(self.message()),
             status => Error::Unexpected(format!("HTTP {status}: {}", self.message())),
         }
@@ -288,10 +407,14 @@ impl Answer {
 
 /// A pool's state, as `PUT` and `GET /l/{id}` answer it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolState {
     pub count: u32,
     pub in_use: u32,
     pub available: u32,
+    /// Borrowers waiting in the pool's queue; `None` from a server older
+    /// than this field.
+    pub waiting: Option<u32>,
 }
 
 impl PoolState {
@@ -305,7 +428,67 @@ impl PoolState {
             count: field("count")?,
             in_use: field("in_use")?,
             available: field("available")?,
+            waiting: match body.get("waiting") {
+                None => None,
+                Some(_) => Some(field("waiting")?),
+            },
         })
+    }
+}
+
+/// What to borrow: a lease that lives `ttl`, waiting up to `wait` for a
+/// slot. Each duration is named where it is set, so they cannot be swapped:
+///
+/// ```
+/// # use std::time::Duration;
+/// # use semaphore_client::Borrow;
+/// let ask = Borrow::ttl(Duration::from_secs(60)).wait(Duration::from_secs(300));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[must_use = "a Borrow does nothing until passed to Pool::borrow"]
+pub struct Borrow {
+    ttl: Duration,
+    wait: Duration,
+    lease: Option<Uuid>,
+}
+
+impl fmt::Debug for Borrow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Borrow")
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("lease", &self.lease.map(short))
+            .finish()
+    }
+}
+
+impl Borrow {
+    /// A lease that lives `ttl` (the server clamps it to its
+    /// `MAX_TTL_SECONDS`; kept to the millisecond, at least 1 ms), without
+    /// waiting: a full pool answers [`Error::NoSlot`] at once.
+    pub fn ttl(ttl: Duration) -> Borrow {
+        Borrow {
+            ttl,
+            wait: Duration::ZERO,
+            lease: None,
+        }
+    }
+
+    /// Waits up to `wait` for a slot, however long the server's own maximum
+    /// wait: the client borrows again until the whole wait is spent.
+    pub fn wait(mut self, wait: Duration) -> Borrow {
+        self.wait = wait;
+        self
+    }
+
+    /// Asks for this lease UUID (not the nil UUID) instead of a fresh random
+    /// one per [`Pool::borrow`] call: a caller that may be stopped before the
+    /// answer arrives can return whatever was granted by this UUID. Use a
+    /// UUID for one borrow only; the same UUID again gets the same grant
+    /// while it lives.
+    pub fn lease_id(mut self, lease: Uuid) -> Borrow {
+        self.lease = Some(lease);
+        self
     }
 }
 
@@ -372,6 +555,11 @@ impl Pool {
 
     /// `POST /l/{id}/return`: whether a live lease was ended. (After a
     /// retried request, `false` can also mean an earlier attempt ended it.)
+    ///
+    /// The UUID of a borrow that still waits takes that borrow out of the
+    /// queue (its request then answers `409`; this answers `false`, as
+    /// nothing was held), so this also gives up a borrow made with
+    /// [`Borrow::lease_id`] from elsewhere.
     pub async fn return_lease(&self, lease: Uuid) -> Result<bool, Error> {
         let url = self.client.url(&self.path("/return"))?;
         self.client
@@ -385,26 +573,40 @@ impl Pool {
             .success(|body| body.get("returned")?.as_bool())
     }
 
-    /// Borrows a slot for `ttl`, waiting up to `wait` for one to free up, as
-    /// long as the server's own maximum wait or not. The lease UUID is chosen
-    /// here, once: every retry and re-borrow of this call asks for the same
-    /// lease, so no slot is ever taken twice.
-    pub async fn borrow(&self, ttl: Duration, wait: Duration) -> Result<Lease, Error> {
-        self.borrow_as(Uuid::new_v4(), ttl, wait).await
+    /// Borrows a slot as `ask` says: for its ttl, waiting up to its wait for
+    /// one to free up, as long as the server's own maximum wait or not. The
+    /// lease UUID is chosen once per call (or is the one `ask` names): every
+    /// retry and re-borrow of this call asks for the same lease, so no slot
+    /// is ever taken twice.
+    ///
+    /// Dropping the future before it resolves gives the borrow up: the return
+    /// of its lease UUID is sent in the background (see the crate docs for
+    /// when that runs), which takes it out of the pool's queue, or returns
+    /// the slot if the server granted one meanwhile. So does a borrow that
+    /// ends in [`Error::Unavailable`] or [`Error::Unexpected`], since it
+    /// cannot know whether a slot was granted.
+    pub async fn borrow(&self, ask: Borrow) -> Result<Lease, Error> {
+        let lease = ask.lease.unwrap_or_else(Uuid::new_v4);
+        let mut give_up = GiveUp {
+            pool: self,
+            lease,
+            armed: true,
+        };
+        let outcome = self.borrow_as(lease, ask).await;
+        // Disarmed once the outcome is known: a lease (a guard itself), or an
+        // answer that says no slot was taken.
+        give_up.armed = matches!(
+            outcome,
+            Err(Error::Unavailable { .. }) | Err(Error::Unexpected(_))
+        );
+        outcome
     }
 
-    /// [`borrow`](Pool::borrow) with a lease UUID of the caller's (not the
-    /// nil UUID), so that a caller interrupted before the answer can still
-    /// return whatever was granted.
-    pub async fn borrow_as(
-        &self,
-        lease: Uuid,
-        ttl: Duration,
-        wait: Duration,
-    ) -> Result<Lease, Error> {
+    async fn borrow_as(&self, lease: Uuid, ask: Borrow) -> Result<Lease, Error> {
         let url = self.client.url(&self.path("/borrow"))?;
+        let ttl = ask.ttl.max(Duration::from_millis(1));
         let started = Instant::now();
-        let deadline = started + wait;
+        let deadline = started + ask.wait;
         let mut quick_409s = 0;
         loop {
             let mut sent_at = Instant::now();
@@ -416,31 +618,112 @@ impl Pool {
                     // A retry asks only for what is left of the caller's wait.
                     asked = deadline.saturating_duration_since(sent_at).min(LONGEST_ASK);
                     let body = json!({
-                        "ttl": seconds(ttl.max(Duration::from_millis(1))),
+                        "ttl": seconds(ttl),
                         "wait": seconds(asked),
                         "lease": lease.hyphenated().to_string(),
                     });
                     (Some(body), asked + REQUEST_SLACK)
                 })
                 .await?;
+            let received = Instant::now();
             if answer.status != 409 {
                 let grant = answer.success(Grant::parse)?;
-                return Ok(Lease::new(self.clone(), grant, sent_at));
+                return Ok(Lease::new(self.clone(), grant, ttl, started, received));
             }
-            let now = Instant::now();
-            if now >= deadline {
-                return Err(Error::NoSlot { waited: wait });
+            if received >= deadline {
+                return Err(Error::NoSlot { waited: ask.wait });
             }
             // The server gave up well before the wait asked of it: it never
             // blocks, or the pool has as many waiters as it allows. Borrowing
             // again at once would only hammer it.
-            if now - sent_at < asked.min(Duration::from_secs(1)) / 2 {
+            if received - sent_at < asked.min(Duration::from_secs(1)) / 2 {
                 let pause = QUICK_409_PAUSE.pause(quick_409s);
                 quick_409s += 1;
-                tokio::time::sleep_until((now + pause).min(deadline).into()).await;
+                tokio::time::sleep_until((received + pause).min(deadline).into()).await;
             } else {
                 quick_409s = 0;
             }
+        }
+    }
+
+    /// Borrows as `ask` says, runs `body` with the lease, and returns the
+    /// lease however `body` ends, awaiting the return before this resolves
+    /// (unlike dropping a [`Lease`]). A panic in `body` is resumed after the
+    /// return. The answer is `body`'s; an error only when the borrow failed.
+    /// A failed return is not an error: the slot then frees itself at its
+    /// ttl, and `body`'s result is kept.
+    ///
+    /// If this future is itself dropped while `body` runs, the lease is
+    /// returned in the background, as a dropped [`Lease`] is.
+    ///
+    /// ```no_run
+    /// # async fn demo(pool: semaphore_client::Pool) -> Result<(), semaphore_client::Error> {
+    /// # use std::time::Duration;
+    /// use semaphore_client::Borrow;
+    /// let ask = Borrow::ttl(Duration::from_secs(30)).wait(Duration::from_secs(60));
+    /// let fence = pool.with_lease(ask, async |lease| lease.fence()).await?;
+    /// # let _ = fence; Ok(()) }
+    /// ```
+    pub async fn with_lease<T>(
+        &self,
+        ask: Borrow,
+        body: impl AsyncFnOnce(&Lease) -> T,
+    ) -> Result<T, Error> {
+        let lease = self.borrow(ask).await?;
+        let outcome = {
+            let mut running = std::pin::pin!(body(&lease));
+            std::future::poll_fn(|cx| {
+                match std::panic::catch_unwind(AssertUnwindSafe(|| running.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Ok(Poll::Ready(value)) => Poll::Ready(Ok(value)),
+                    Err(panic) => Poll::Ready(Err(panic)),
+                }
+            })
+            .await
+        };
+        let _ = lease.release().await;
+        match outcome {
+            Ok(value) => Ok(value),
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+
+    /// The same pool through a client with another retry policy.
+    fn with_retry(&self, retry: RetryPolicy) -> Pool {
+        Pool {
+            client: self.client.clone().with_retry(retry),
+            id: self.id,
+        }
+    }
+
+    /// Sends the return of `lease` on the current tokio runtime without
+    /// waiting for it: a few retries, bounded in time. Without a runtime
+    /// there is nothing to run it on; the lease then ends at its ttl.
+    pub(crate) fn return_in_background(&self, lease: Uuid) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let pool = self.with_retry(BACKGROUND_RETRY);
+        let pending = Pending::new(&pool.client.background);
+        // A runtime shutting down drops the task at once; no panic.
+        runtime.spawn(async move {
+            let _pending = pending;
+            let _ = tokio::time::timeout(BACKGROUND_DEADLINE, pool.return_lease(lease)).await;
+        });
+    }
+}
+
+/// Gives a borrow up when its future is dropped before its outcome is known.
+struct GiveUp<'p> {
+    pool: &'p Pool,
+    lease: Uuid,
+    armed: bool,
+}
+
+impl Drop for GiveUp<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.pool.return_in_background(self.lease);
         }
     }
 }
@@ -529,7 +812,23 @@ mod tests {
             answer(400, r#"{"error":"ttl is required"}"#).error(),
             Error::BadRequest("ttl is required".into())
         );
-        assert_eq!(answer(404, r#"{"error":"x"}"#).error(), Error::PoolNotFound);
+        assert_eq!(
+            answer(404, r#"{"error":"pool not found"}"#).error(),
+            Error::PoolNotFound
+        );
+        // A route the service does not know, API Gateway's own 404, another server.
+        assert_eq!(
+            answer(404, r#"{"error":"not found"}"#).error(),
+            Error::RouteNotFound("not found".into())
+        );
+        assert_eq!(
+            answer(404, r#"{"message":"Not Found"}"#).error(),
+            Error::RouteNotFound(r#"{"message":"Not Found"}"#.into())
+        );
+        assert_eq!(
+            answer(404, "<html>\n<h1>Not Found</h1>\n</html>\n").error(),
+            Error::RouteNotFound("<html> <h1>Not Found</h1> </html>".into())
+        );
         assert_eq!(
             answer(500, r#"{"error":"bug"}"#).error(),
             Error::ServerBug("bug".into())
@@ -547,6 +846,28 @@ mod tests {
     }
 
     #[test]
+    fn pool_states_parse_with_and_without_waiting() {
+        let state = |body: Value| PoolState::parse(&body);
+        assert_eq!(
+            state(json!({"count": 2, "in_use": 1, "available": 1, "waiting": 3})),
+            Some(PoolState {
+                count: 2,
+                in_use: 1,
+                available: 1,
+                waiting: Some(3)
+            })
+        );
+        assert_eq!(
+            state(json!({"count": 2, "in_use": 1, "available": 1})).map(|s| s.waiting),
+            Some(None)
+        );
+        assert_eq!(
+            state(json!({"count": 2, "in_use": 1, "available": 1, "waiting": "x"})),
+            None
+        );
+    }
+
+    #[test]
     fn ids_are_shortened_for_logs() {
         let id: Uuid = "9F1C2E7A-5B3D-4C8E-A1F0-6D2B9C4E7A01".parse().unwrap();
         assert_eq!(short(id), "9f1c2e7a");
@@ -556,5 +877,19 @@ mod tests {
             debug.contains("9f1c2e7a") && !debug.contains("5b3d"),
             "{debug}"
         );
+        let ask = Borrow::ttl(Duration::from_secs(1)).lease_id(id);
+        let debug = format!("{ask:?}");
+        assert!(
+            debug.contains("9f1c2e7a") && !debug.contains("5b3d"),
+            "{debug}"
+        );
+    }
+
+    #[test]
+    fn dropped_outside_a_runtime_nothing_is_sent_and_nothing_panics() {
+        let pool = Client::new("http://127.0.0.1:9").unwrap().pool(Uuid::nil());
+        pool.return_in_background(Uuid::new_v4());
+        // A borrow future dropped before it was ever polled, outside a runtime.
+        drop(pool.borrow(Borrow::ttl(Duration::from_secs(1))));
     }
 }

@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use semaphore_client::{Borrow, Uuid};
 use serde_json::Value;
 use support::{block, in_use, new_pool, wait_until, Fault, Proxy, Server, Store};
-use uuid::Uuid;
 
 const SEMAPHORE: &str = env!("CARGO_BIN_EXE_semaphore");
 
@@ -174,7 +174,7 @@ fn run_passes_the_commands_status_through(store: Store) {
 fn run_exits_1_when_no_slot_frees_up_and_e_changes_it(store: Store) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
-    let held = block(pool.borrow(Duration::from_secs(60), Duration::ZERO)).expect("hold the slot");
+    let held = block(pool.borrow(Borrow::ttl(Duration::from_secs(60)))).expect("hold the slot");
     let scratch = Scratch::new();
     let marker = scratch.path("ran");
     let touch = format!("touch {}", marker.display());
@@ -344,7 +344,7 @@ fn run_waits_longer_than_the_servers_maximum(store: Store) {
     let server = Server::start(store, &[("MAX_WAIT_SECONDS", "1")]);
     let pool = new_pool(&server.url, 1);
     // The slot frees itself 2.5 s from now: after two of the server's 1 s waits.
-    let held = block(pool.borrow(Duration::from_millis(2500), Duration::ZERO)).expect("hold");
+    let held = block(pool.borrow(Borrow::ttl(Duration::from_millis(2500)))).expect("hold");
     let started = Instant::now();
     let out = output(semaphore(&server.url, pool.id()).args(["run", "--wait", "10", "--", "true"]));
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -360,7 +360,7 @@ fn run_waits_longer_than_the_servers_maximum(store: Store) {
     held.detach();
 
     // And gives up only when the caller's wait is spent, not the server's.
-    let _held = block(pool.borrow(Duration::from_secs(30), Duration::ZERO)).expect("hold");
+    let _held = block(pool.borrow(Borrow::ttl(Duration::from_secs(30)))).expect("hold");
     let started = Instant::now();
     let out =
         output(semaphore(&server.url, pool.id()).args(["run", "--wait", "2.2", "--", "true"]));
@@ -493,7 +493,7 @@ fn on_a_terminal_a_status_line_and_human_output() {
     );
 
     // The slot frees itself after about 2 s: long enough for a status line or two.
-    let _held = block(pool.borrow(Duration::from_millis(2200), Duration::ZERO)).expect("hold");
+    let _held = block(pool.borrow(Borrow::ttl(Duration::from_millis(2200)))).expect("hold");
     let (status, text) = on_tty("run --wait 10 -- true");
     assert_eq!(status, 0, "{text}");
     assert!(

@@ -177,26 +177,34 @@ impl Drop for Server {
 /// they drive). One runtime for the whole test process: a client's pooled
 /// connections belong to the runtime that opened them.
 pub fn block<F: std::future::Future>(future: F) -> F::Output {
+    runtime().block_on(future)
+}
+
+/// Runs a future as a task of that runtime.
+pub fn spawn<F>(future: F) -> tokio::task::JoinHandle<F::Output>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    runtime().spawn(future)
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
     static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME
-        .get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(2)
-                .enable_all()
-                .build()
-                .expect("a tokio runtime")
-        })
-        .block_on(future)
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a tokio runtime")
+    })
 }
 
 /// A new random pool registered with `count` slots on `url`.
 pub fn new_pool(url: &str, count: u16) -> Pool {
     let pool = Client::new(url)
         .expect("client")
-        .with_retry(RetryPolicy {
-            retries: 0,
-            ..RetryPolicy::default()
-        })
+        .with_retry(RetryPolicy::default().with_retries(0))
         .pool(Uuid::new_v4());
     block(pool.register(count)).expect("register");
     pool
@@ -204,6 +212,14 @@ pub fn new_pool(url: &str, count: u16) -> Pool {
 
 pub fn in_use(pool: &Pool) -> u32 {
     block(pool.inspect()).expect("inspect").in_use
+}
+
+/// Borrowers waiting in the pool's queue.
+pub fn waiting(pool: &Pool) -> u32 {
+    block(pool.inspect())
+        .expect("inspect")
+        .waiting
+        .expect("the server answers waiting")
 }
 
 /// Waits until `condition` holds, checking every 10 ms; panics after `limit`.
@@ -218,6 +234,17 @@ pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bo
 /// What the proxy does to requests.
 #[derive(Clone, Copy, Debug)]
 pub enum Fault {
+    /// Passes everything through, and, like API Gateway, finishes every call
+    /// upstream even when its client hangs up: the server never learns that
+    /// a waiting borrow's client went away (local-api would otherwise give
+    /// the wait up by itself when the connection closes).
+    LikeApiGateway,
+    /// Answers every request `404` with this body, as a server that is not
+    /// the service would (a wrong URL).
+    NotFound(&'static str),
+    /// Answers every return `502` without forwarding it; passes everything
+    /// else through: a lease then ends only when its ttl runs out.
+    ReturnsFail,
     /// Forwards the first borrow to the server but answers the client `502`
     /// (so the server did take a slot); passes everything else through.
     FirstBorrowAnswered502,
@@ -292,27 +319,55 @@ impl ProxyState {
         } else {
             0
         };
-        if let Fault::Always502 = self.fault {
-            return respond(502, r#"{"error":"injected by the test proxy"}"#.into());
+        match self.fault {
+            Fault::Always502 => {
+                return respond(502, r#"{"error":"injected by the test proxy"}"#.into())
+            }
+            Fault::NotFound(body) => {
+                let mut response = respond(404, Bytes::from_static(body.as_bytes()));
+                if !body.starts_with('{') {
+                    response.headers_mut().insert(
+                        hyper::header::CONTENT_TYPE,
+                        hyper::header::HeaderValue::from_static("text/html"),
+                    );
+                }
+                return response;
+            }
+            Fault::ReturnsFail if path.ends_with("/return") => {
+                return respond(502, r#"{"error":"injected by the test proxy"}"#.into())
+            }
+            Fault::LikeApiGateway | Fault::FirstBorrowAnswered502 | Fault::ReturnsFail => {}
         }
-        let forwarded = self
-            .http
-            .request(method, format!("{}{path}", self.upstream))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await;
-        let (status, body) = match forwarded {
-            Ok(response) => {
-                let status = response.status().as_u16();
-                match response.bytes().await {
-                    Ok(bytes) => (status, bytes),
-                    Err(_) => (502, Bytes::from_static(b"{\"error\":\"proxy: upstream\"}")),
+        let forward = {
+            let request = self
+                .http
+                .request(method, format!("{}{path}", self.upstream))
+                .header("content-type", "application/json")
+                .body(body);
+            async move {
+                let upstream_failed = || Bytes::from_static(b"{\"error\":\"proxy: upstream\"}");
+                match request.send().await {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        match response.bytes().await {
+                            Ok(bytes) => (status, bytes),
+                            Err(_) => (502, upstream_failed()),
+                        }
+                    }
+                    Err(_) => (502, upstream_failed()),
                 }
             }
-            Err(_) => (502, Bytes::from_static(b"{\"error\":\"proxy: upstream\"}")),
         };
-        if borrow_number == 1 {
+        let (status, body) = match self.fault {
+            // A task of its own runs on when this handler is dropped (its
+            // client hung up), and holds the upstream connection open.
+            Fault::LikeApiGateway => match tokio::spawn(forward).await {
+                Ok(answer) => answer,
+                Err(_) => (502, Bytes::from_static(b"{\"error\":\"proxy: task\"}")),
+            },
+            _ => forward.await,
+        };
+        if borrow_number == 1 && matches!(self.fault, Fault::FirstBorrowAnswered502) {
             // The server granted (or refused) this borrow; the client never learns which.
             return respond(502, r#"{"error":"injected by the test proxy"}"#.into());
         }

@@ -9,9 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use semaphore_client::{format_seconds, Client, Error, Pool, PoolState, RetryPolicy};
+use semaphore_client::{format_seconds, Borrow, Client, Error, Pool, PoolState, RetryPolicy, Uuid};
 use serde_json::json;
-use uuid::Uuid;
 
 /// Exit statuses (flock(1), timeout(1) and sysexits.h conventions).
 mod exit {
@@ -242,10 +241,7 @@ async fn dispatch(cli: Cli) -> u8 {
         return exit::USAGE;
     };
     let client = match Client::new(&url) {
-        Ok(client) => client.with_retry(RetryPolicy {
-            retries: cli.retries,
-            ..RetryPolicy::default()
-        }),
+        Ok(client) => client.with_retry(RetryPolicy::default().with_retries(cli.retries)),
         Err(err) => {
             eprintln!("semaphore: {err}");
             return exit::USAGE;
@@ -270,24 +266,27 @@ async fn dispatch(cli: Cli) -> u8 {
                 println!("{}", json!({ "deleted": deleted }));
             }
         }),
-        Command::Borrow(args) => pool.borrow(args.ttl, args.wait).await.map(|lease| {
-            // Printed, so kept: the caller returns it by its UUID.
-            let grant = lease.detach();
-            if human {
-                let fence = grant
-                    .fence
-                    .map_or(String::new(), |f| format!(", fence {f}"));
-                println!(
-                    "lease {}: position {}{fence}, expires in {} (at Unix time {})",
-                    grant.lease.hyphenated(),
-                    grant.position,
-                    format_seconds(Duration::from_secs_f64(grant.expires_in)),
-                    grant.expires_at_unix
-                );
-            } else {
-                println!("{}", grant.to_json());
-            }
-        }),
+        Command::Borrow(args) => pool
+            .borrow(Borrow::ttl(args.ttl).wait(args.wait))
+            .await
+            .map(|lease| {
+                // Printed, so kept: the caller returns it by its UUID.
+                let grant = lease.detach();
+                if human {
+                    let fence = grant
+                        .fence
+                        .map_or(String::new(), |f| format!(", fence {f}"));
+                    println!(
+                        "lease {}: position {}{fence}, expires in {} (at Unix time {})",
+                        grant.lease.hyphenated(),
+                        grant.position,
+                        format_seconds(Duration::from_secs_f64(grant.expires_in)),
+                        grant.expires_at_unix
+                    );
+                } else {
+                    println!("{}", grant.to_json());
+                }
+            }),
         Command::Return { lease } => pool.return_lease(lease).await.map(|returned| {
             if human {
                 println!(
@@ -312,23 +311,28 @@ async fn dispatch(cli: Cli) -> u8 {
 
 fn print_state(pool: &Pool, state: PoolState, human: bool) {
     if human {
+        let waiting = match state.waiting {
+            Some(n) if n > 0 => format!(", {n} waiting"),
+            _ => String::new(),
+        };
         println!(
-            "pool {}: {} of {} slots in use, {} available",
+            "pool {}: {} of {} slots in use, {} available{waiting}",
             pool.short_id(),
             state.in_use,
             state.count,
             state.available
         );
     } else {
-        println!(
-            "{}",
-            json!({
-                "id": pool.id().hyphenated().to_string(),
-                "count": state.count,
-                "in_use": state.in_use,
-                "available": state.available,
-            })
-        );
+        let mut body = json!({
+            "id": pool.id().hyphenated().to_string(),
+            "count": state.count,
+            "in_use": state.in_use,
+            "available": state.available,
+        });
+        if let (Some(waiting), Some(map)) = (state.waiting, body.as_object_mut()) {
+            map.insert("waiting".into(), json!(waiting));
+        }
+        println!("{body}");
     }
 }
 

@@ -9,10 +9,9 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use semaphore_client::{format_seconds, Error, Lease, Pool};
+use semaphore_client::{format_seconds, Borrow, Error, Lease, Pool, Uuid};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
-use uuid::Uuid;
 
 use crate::{exit, report, RunArgs};
 
@@ -75,7 +74,7 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
     };
     let lease_id = Uuid::new_v4();
     let lease = tokio::select! {
-        lease = pool.borrow_as(lease_id, args.ttl, args.wait) => lease,
+        lease = pool.borrow(Borrow::ttl(args.ttl).wait(args.wait).lease_id(lease_id)) => lease,
         never = status_line(pool) => match never {},
         signal = signals.recv() => {
             clear_status_line();
