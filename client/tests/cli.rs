@@ -78,10 +78,61 @@ fn read_pid(path: &Path) -> Option<i32> {
     fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// Whether a process with this pid still exists (zombies aside: semaphore
-/// reaps its child before it exits).
+/// Whether a process with this pid still runs: it exists and is not a
+/// zombie (an orphan's parent may be slow to reap it, or never do).
 fn alive(pid: i32) -> bool {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+    match fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // "pid (comm) S …": the state follows the last ')'.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => false,
+    }
+}
+
+/// When a process (not necessarily ours) ends, by the wall clock, as soon as
+/// it does: a pidfd becomes readable when its process exits.
+fn watch_death(pid: i32) -> std::sync::mpsc::Receiver<SystemTime> {
+    use std::os::fd::{AsFd, FromRawFd, OwnedFd};
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor
+    // (or -1), which only this OwnedFd owns.
+    let fd = unsafe { nix::libc::syscall(nix::libc::SYS_pidfd_open, pid, 0) };
+    assert!(
+        fd >= 0,
+        "pidfd_open({pid}): {}",
+        std::io::Error::last_os_error()
+    );
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+    let (tell, told) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+        loop {
+            let mut fds = [PollFd::new(pidfd.as_fd(), PollFlags::POLLIN)];
+            if let Ok(1..) = poll(&mut fds, PollTimeout::NONE) {
+                break;
+            }
+        }
+        let _ = tell.send(SystemTime::now());
+    });
+    told
+}
+
+/// Wall-clock seconds, as `date +%s.%N` prints them.
+fn unix_seconds(time: SystemTime) -> f64 {
+    time.duration_since(UNIX_EPOCH)
+        .expect("clock")
+        .as_secs_f64()
+}
+
+fn read_seconds(path: &Path) -> f64 {
+    let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("{}: not seconds: {text:?}", path.display()))
+}
+
+fn signal(pid: u32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), signal).expect("signal");
 }
 
 on_both_stores!(
@@ -94,6 +145,9 @@ on_both_stores!(
     run_stops_the_command_when_the_ttl_runs_out,
     run_waits_longer_than_the_servers_maximum,
     a_borrow_retried_after_a_502_holds_one_slot,
+    a_signal_while_waiting_gives_the_place_up,
+    run_is_a_lock_the_commands_never_overlap,
+    run_stops_the_command_before_the_ttl_the_server_granted,
 );
 
 fn subcommands_print_the_services_json(store: Store) {
@@ -308,16 +362,22 @@ fn run_stops_the_command_when_the_ttl_runs_out(store: Store) {
     let pool = new_pool(&server.url, 1);
     let scratch = Scratch::new();
     let pid_file = scratch.path("pid");
-    // COMMAND ignores SIGTERM, so only the SIGKILL after --kill-after stops it.
+    let child_file = scratch.path("child");
+    let term_file = scratch.path("term");
+    // COMMAND and a process it started both ignore SIGTERM (COMMAND notes
+    // it), so only the SIGKILL after --kill-after stops them.
     let script = format!(
-        "trap '' TERM; echo $$ > {}; while :; do sleep 0.05; done",
-        pid_file.display()
+        "trap 'echo TERM > {term}' TERM; (trap \"\" TERM; exec sleep 60) & echo $! > {child}; \
+         echo $$ > {pid}; while :; do sleep 0.05; done",
+        term = term_file.display(),
+        child = child_file.display(),
+        pid = pid_file.display(),
     );
     let started = Instant::now();
     let out = output(semaphore(&server.url, pool.id()).args([
         "run",
         "--ttl",
-        "1",
+        "1.5",
         "--kill-after",
         "0.5",
         "--",
@@ -327,14 +387,31 @@ fn run_stops_the_command_when_the_ttl_runs_out(store: Store) {
     ]));
     let took = started.elapsed();
     assert_eq!(code(&out), 124, "{}", stderr(&out));
-    assert!(stderr(&out).contains("ran out"), "{}", stderr(&out));
-    assert!(!stderr(&out).contains(&pool.id().hyphenated().to_string()));
     assert!(
-        took >= Duration::from_millis(1400),
+        stderr(&out).contains("the lease runs out in") && stderr(&out).contains("SIGKILL in 0.5 s"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!stderr(&out).contains(&pool.id().hyphenated().to_string()));
+    assert_eq!(
+        fs::read_to_string(&term_file).ok().as_deref(),
+        Some("TERM\n"),
+        "COMMAND got SIGTERM first"
+    );
+    // SIGTERM at 1.5 - 0.1 - 0.5 = 0.9 s, SIGKILL at 1.4 s: before the lease ends.
+    assert!(
+        took >= Duration::from_millis(1300),
         "stopped after {took:?}"
     );
     let pid = read_pid(&pid_file).expect("COMMAND ran");
     assert!(!alive(pid), "COMMAND still runs after exit 124");
+    // Killed with COMMAND's process group (its death may lag a little).
+    let child = read_pid(&child_file).expect("COMMAND started a process");
+    wait_until(
+        "the process COMMAND started dies",
+        Duration::from_secs(2),
+        || !alive(child),
+    );
     wait_until("the expired lease is gone", Duration::from_secs(5), || {
         in_use(&pool) == 0
     });
@@ -419,6 +496,9 @@ fn bad_usage_exits_64() {
         &["run"][..],
         &["run", "--ttl", "0", "--", "true"],
         &["run", "--wait", "-1", "--", "true"],
+        // SIGTERM would come before COMMAND starts.
+        &["run", "--ttl", "1", "--kill-after", "1", "--", "true"],
+        &["run", "--ttl", "1", "--kill-after", "0.9", "--", "true"],
         &["register", "--count", "1001"],
         &["borrow"],
         &["frobnicate"],
@@ -504,4 +584,333 @@ fn on_a_terminal_a_status_line_and_human_output() {
         !text.contains(&id),
         "a whole pool UUID on the terminal: {text:?}"
     );
+}
+
+/// A `semaphore` waiting for a slot that gets SIGINT, SIGTERM or SIGHUP
+/// gives its place up: the borrower after it gets the slot that frees up, at
+/// once. Through a proxy that, like API Gateway, never tells the server that
+/// its client hung up, so only semaphore's own return can do it.
+fn a_signal_while_waiting_gives_the_place_up(store: Store) {
+    use nix::sys::signal::Signal;
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let gateway = Proxy::start(&server.url, Fault::LikeApiGateway);
+    let scratch = Scratch::new();
+    for (subcommand, signal) in [
+        ("run", Signal::SIGINT),
+        ("run", Signal::SIGTERM),
+        ("run", Signal::SIGHUP),
+        ("borrow", Signal::SIGTERM),
+    ] {
+        let held = block(pool.borrow(Borrow::ttl(Duration::from_secs(60)))).expect("hold");
+        let marker = scratch.path(&format!("ran-{subcommand}-{signal}"));
+        let mut waiter = semaphore(&gateway.url, pool.id());
+        waiter.args([subcommand, "--ttl", "60", "--wait", "60"]);
+        if subcommand == "run" {
+            waiter.args(["--", "touch"]).arg(&marker);
+        }
+        let mut waiter = waiter
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn semaphore");
+        wait_until("semaphore queues", Duration::from_secs(10), || {
+            support::waiting(&pool) == 1
+        });
+        let next = spawn_borrow(&pool);
+        wait_until("the next borrower queues", Duration::from_secs(10), || {
+            support::waiting(&pool) == 2
+        });
+
+        let cancelled = Instant::now();
+        self::signal(waiter.id(), signal);
+        assert!(block(held.release()).expect("release"));
+        let (granted, lease) = block(next).expect("the next borrower");
+        let lease = lease.expect("the next borrower gets the slot");
+        let took = granted - cancelled;
+        println!(
+            "{store:?}: `semaphore {subcommand}` waiting, {signal}: pool usable by the next \
+             borrower {took:?} after the signal"
+        );
+        let status = waiter.wait().expect("semaphore exits");
+        assert_eq!(status.code(), Some(128 + signal as i32), "{status:?}");
+        assert!(took < Duration::from_secs(1), "{signal}: {took:?}");
+        assert!(!marker.exists(), "COMMAND ran without a slot");
+        assert_eq!(in_use(&pool), 1, "semaphore holds nothing after {signal}");
+        block(lease.release()).expect("release");
+    }
+}
+
+/// A borrow of a minute that waits up to 30 s, spawned: when it was answered,
+/// and its outcome.
+fn spawn_borrow(
+    pool: &semaphore_client::Pool,
+) -> tokio::task::JoinHandle<(
+    Instant,
+    Result<semaphore_client::Lease, semaphore_client::Error>,
+)> {
+    let pool = pool.clone();
+    support::spawn(async move {
+        let lease = pool
+            .borrow(Borrow::ttl(Duration::from_secs(60)).wait(Duration::from_secs(30)))
+            .await;
+        (Instant::now(), lease)
+    })
+}
+
+/// `semaphore run` is a lock: on a pool of one, the first COMMAND runs far
+/// longer than its ttl and ignores SIGTERM, and a second `run` waits for the
+/// slot. The first is dead before the second starts. The first semaphore
+/// cannot return its lease (a proxy fails its returns), so the slot frees
+/// only when the lease ends: the kill schedule alone keeps them apart.
+fn run_is_a_lock_the_commands_never_overlap(store: Store) {
+    let server = Server::start(store, &[]);
+    let pool = new_pool(&server.url, 1);
+    let no_returns = Proxy::start(&server.url, Fault::ReturnsFail);
+    let scratch = Scratch::new();
+    let (a_pid, a_start) = (scratch.path("a.pid"), scratch.path("a.start"));
+    let (b_start, b_end) = (scratch.path("b.start"), scratch.path("b.end"));
+    // It records its start, then becomes a sleep of 30 s that ignores
+    // SIGTERM (an ignored signal stays ignored across exec).
+    let first = format!(
+        "date +%s.%N > {start}; trap '' TERM; echo $$ > {pid}; exec sleep 30",
+        start = a_start.display(),
+        pid = a_pid.display(),
+    );
+    let second = format!(
+        "date +%s.%N > {start}; sleep 0.2; date +%s.%N > {end}",
+        start = b_start.display(),
+        end = b_end.display(),
+    );
+    let started = Instant::now();
+    let a = semaphore(&no_returns.url, pool.id())
+        .args([
+            "--retries",
+            "0",
+            "run",
+            "--ttl",
+            "2",
+            "--",
+            "sh",
+            "-c",
+            &first,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the first run");
+    wait_until("the first COMMAND runs", Duration::from_secs(10), || {
+        read_pid(&a_pid).is_some()
+    });
+    let a_died = watch_death(read_pid(&a_pid).expect("pid"));
+    let b = semaphore(&server.url, pool.id())
+        .args([
+            "run", "--ttl", "10", "--wait", "20", "--", "sh", "-c", &second,
+        ])
+        .output()
+        .expect("the second run");
+    assert_eq!(code(&b), 0, "{}", stderr(&b));
+    let a = a.wait_with_output().expect("the first run exits");
+    assert_eq!(
+        code(&a),
+        124,
+        "the first COMMAND was stopped: {}",
+        stderr(&a)
+    );
+    assert!(
+        stderr(&a).contains("could not return the lease"),
+        "{}",
+        stderr(&a)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the first COMMAND ran on"
+    );
+    let a_end = unix_seconds(
+        a_died
+            .recv_timeout(Duration::from_secs(10))
+            .expect("the first COMMAND died"),
+    );
+    let (a_start, b_start, b_end) = (
+        read_seconds(&a_start),
+        read_seconds(&b_start),
+        read_seconds(&b_end),
+    );
+    let gap = b_start - a_end;
+    println!(
+        "{store:?}: lock: first COMMAND ran {:.3} s (ttl 2 s), died {:.1} ms before the \
+         second started",
+        a_end - a_start,
+        gap * 1000.0
+    );
+    assert!(a_start < a_end && b_start < b_end);
+    assert!(
+        a_end < b_start,
+        "the commands overlapped by {:.1} ms",
+        -gap * 1000.0
+    );
+}
+
+/// The server clamps the ttl to its MAX_TTL_SECONDS: `run` says so on
+/// stderr and stops COMMAND before the lease it granted ends, not the one
+/// asked for.
+fn run_stops_the_command_before_the_ttl_the_server_granted(store: Store) {
+    let server = Server::start(store, &[("MAX_TTL_SECONDS", "2")]);
+    let pool = new_pool(&server.url, 1);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("pid");
+    let script = format!(
+        "trap '' TERM; echo $$ > {}; exec sleep 30",
+        pid_file.display()
+    );
+    let started = SystemTime::now();
+    let run = semaphore(&server.url, pool.id())
+        .args(["run", "--ttl", "10", "--", "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn semaphore");
+    wait_until("COMMAND runs", Duration::from_secs(10), || {
+        read_pid(&pid_file).is_some()
+    });
+    let died = watch_death(read_pid(&pid_file).expect("pid"));
+    let out = run.wait_with_output().expect("semaphore exits");
+    let ran = died
+        .recv_timeout(Duration::from_secs(10))
+        .expect("COMMAND died");
+    let ran = ran.duration_since(started).unwrap_or_default();
+    assert_eq!(code(&out), 124, "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("shortened the ttl") && err.contains("ends in 2 s, not the 10 s asked"),
+        "{err}"
+    );
+    assert!(err.contains("the service granted 2 s"), "{err}");
+    assert!(!err.contains("10 s)"), "{err}");
+    // SIGTERM at 2 - 0.1 - 0.19 s, SIGKILL at 1.9 s of the 2 s granted.
+    assert!(
+        ran >= Duration::from_millis(1500) && ran < Duration::from_secs(4),
+        "COMMAND ran {ran:?}"
+    );
+    println!("{store:?}: clamped to 2 s: COMMAND ran {ran:?} (from semaphore's start)");
+}
+
+/// Killing semaphore, even with SIGKILL, kills COMMAND (PR_SET_PDEATHSIG):
+/// it must not run on without a lease.
+#[test]
+fn the_command_dies_with_semaphore() {
+    let server = Server::start(Store::Memory, &[]);
+    let pool = new_pool(&server.url, 1);
+    let scratch = Scratch::new();
+    let pid_file = scratch.path("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut run = semaphore(&server.url, pool.id())
+        .args(["run", "--ttl", "60", "--", "sh", "-c", &script])
+        .spawn()
+        .expect("spawn semaphore");
+    wait_until("COMMAND runs", Duration::from_secs(10), || {
+        read_pid(&pid_file).is_some()
+    });
+    let pid = read_pid(&pid_file).expect("pid");
+    let died = watch_death(pid);
+    run.kill().expect("SIGKILL semaphore");
+    run.wait().expect("semaphore dies");
+    died.recv_timeout(Duration::from_secs(5))
+        .expect("COMMAND died with semaphore");
+    assert!(!alive(pid));
+}
+
+/// On a terminal (script(1) gives it one), Ctrl-C reaches COMMAND once: by
+/// default COMMAND has a process group of its own and semaphore passes the
+/// terminal's SIGINT on; with --foreground the terminal signals COMMAND
+/// itself and semaphore does not pass it on again, yet still passes on a
+/// SIGINT sent to semaphore alone.
+#[test]
+fn on_a_terminal_ctrl_c_reaches_the_command_once() {
+    use std::io::Write;
+    let server = Server::start(Store::Memory, &[]);
+    let pool = new_pool(&server.url, 1);
+    let scratch = Scratch::new();
+    for (case, foreground, ctrl_c) in [
+        ("ctrl-c", false, true),
+        ("ctrl-c-foreground", true, true),
+        ("kill-foreground", true, false),
+    ] {
+        let got = scratch.path(&format!("{case}.got"));
+        let semaphore_pid = scratch.path(&format!("{case}.ppid"));
+        // COMMAND notes each SIGINT, and stays a second after the first, for
+        // a second one to arrive if it were sent.
+        let command = format!(
+            "trap \"echo INT >> {got}\" INT; echo $PPID > {ppid}; \
+             while [ ! -s {got} ]; do sleep 0.05; done; sleep 1",
+            got = got.display(),
+            ppid = semaphore_pid.display(),
+        );
+        let flag = if foreground { "--foreground " } else { "" };
+        let mut on_tty = Command::new("script")
+            .args([
+                "-qec",
+                &format!("'{SEMAPHORE}' run --ttl 60 {flag}-- sh -c '{command}'"),
+                "/dev/null",
+            ])
+            .env("SEMAPHORE_URL", &server.url)
+            .env("SEMAPHORE_POOL", pool.id().hyphenated().to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("script(1)");
+        wait_until("COMMAND runs", Duration::from_secs(10), || {
+            read_pid(&semaphore_pid).is_some()
+        });
+        let mut keys = on_tty.stdin.take().expect("script's stdin");
+        if ctrl_c {
+            keys.write_all(b"\x03").expect("type Ctrl-C");
+            keys.flush().expect("flush");
+        } else {
+            let pid = read_pid(&semaphore_pid).expect("semaphore's pid");
+            signal(pid as u32, nix::sys::signal::Signal::SIGINT);
+        }
+        let out = on_tty.wait_with_output().expect("script exits");
+        drop(keys);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(130), "{case}: {text}");
+        assert_eq!(
+            fs::read_to_string(&got).ok().as_deref(),
+            Some("INT\n"),
+            "{case}: COMMAND got SIGINT once: {text}"
+        );
+        assert_eq!(in_use(&pool), 0, "{case}: the lease is returned");
+    }
+}
+
+/// Only the service's own "pool not found" is a missing pool (66, with a hint
+/// to register it); a route the service does not know (a wrong stage) or a
+/// server that is not the service is a wrong URL (64).
+#[test]
+fn a_wrong_url_is_not_a_missing_pool() {
+    let server = Server::start(Store::Memory, &[]);
+    let pool = Uuid::new_v4();
+    let out = output(semaphore(&server.url, pool).arg("inspect"));
+    assert_eq!(code(&out), 66, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("pool not found") && stderr(&out).contains("semaphore register"),
+        "{}",
+        stderr(&out)
+    );
+    let html = Proxy::start(
+        &server.url,
+        Fault::NotFound("<html><body>Not Found</body></html>"),
+    );
+    let json = Proxy::start(&server.url, Fault::NotFound(r#"{"error":"not found"}"#));
+    for url in [format!("{}/prod", server.url), html.url, json.url] {
+        for args in [&["inspect"][..], &["run", "--", "true"]] {
+            let out = output(semaphore(&url, pool).args(args));
+            assert_eq!(code(&out), 64, "{url} {args:?}: {}", stderr(&out));
+            let err = stderr(&out);
+            assert!(
+                err.contains("leads to no semaphore service") && err.contains("SEMAPHORE_URL"),
+                "{err}"
+            );
+            assert!(!err.contains("register"), "{err}");
+            assert!(!err.contains(&pool.hyphenated().to_string()), "{err}");
+        }
+    }
 }

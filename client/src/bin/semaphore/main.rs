@@ -2,6 +2,8 @@
 //! `semaphore run`, which runs a command while holding a slot.
 
 mod run;
+mod signals;
+mod wait;
 
 use std::ffi::OsString;
 use std::io::IsTerminal;
@@ -16,12 +18,13 @@ use serde_json::json;
 mod exit {
     /// No slot freed up within `--wait` (`run -E` changes it).
     pub const NO_SLOT: u8 = 1;
+    /// Bad usage, a refused request, or a URL that leads to no service.
     pub const USAGE: u8 = 64;
     /// The pool does not exist.
     pub const NO_POOL: u8 = 66;
     /// The service is unreachable, or answered 5xx after retries.
     pub const UNAVAILABLE: u8 = 69;
-    /// The lease ran out while COMMAND still ran.
+    /// The lease was about to run out while COMMAND still ran.
     pub const TIMED_OUT: u8 = 124;
     pub const CANNOT_EXECUTE: u8 = 126;
     pub const NOT_FOUND: u8 = 127;
@@ -45,7 +48,9 @@ it when the command ends; with a pool of count 1 that is a lock with a timeout:
 Failed calls (connection errors, timeouts, 502/503/504/429) are retried with capped, \
 jittered backoff (--retries). A borrow is retried with the same lease UUID, so a retry \
 never holds a second slot. Waits longer than the service's own maximum (25 s by \
-default) are made of several borrows, until the whole --wait is spent.";
+default) are made of several borrows, until the whole --wait is spent. A borrow or run \
+stopped by SIGINT, SIGTERM, SIGHUP or SIGQUIT while it waits gives its place in the \
+queue up (it returns its lease UUID) before it exits.";
 
 const AFTER_LONG_HELP: &str = "\
 ENVIRONMENT:
@@ -63,13 +68,20 @@ SEMAPHORE_URL.
 EXIT STATUS:
     0      success (`run`: COMMAND's own status; 128+N if it died of signal N)
     1      no slot freed up within --wait (`run -E CODE` changes it)
-    64     bad usage: a missing or malformed option, or a request the service refused (400)
-    66     the pool does not exist (404)
+    64     bad usage: a missing or malformed option; a --url that leads to no
+           semaphore service (it answers 404 \"not found\", or is another server);
+           a request the service refused (400)
+    66     the pool does not exist (the service answered 404 \"pool not found\")
     69     the service is unreachable, or answered 5xx after the retries
-    124    `run`: the lease's ttl ran out while COMMAND still ran; COMMAND was stopped
+    124    `run`: the lease was about to end while COMMAND still ran: COMMAND was
+           stopped (SIGTERM, then SIGKILL before the lease ended); or the lease
+           granted had too little time left to start COMMAND
     126    `run`: COMMAND could not be executed
     127    `run`: COMMAND was not found
-    128+N  `run`: semaphore got signal N (SIGINT, SIGTERM, SIGHUP); COMMAND got it too
+    128+N  semaphore got signal N (SIGINT, SIGTERM, SIGHUP, SIGQUIT): while waiting
+           (`borrow`, `run`) it gave its place in the queue up; while COMMAND ran,
+           COMMAND got the signal too (once), and semaphore returned the slot
+           after COMMAND exited
 
 EXAMPLES:
     export SEMAPHORE_URL=http://127.0.0.1:3000 SEMAPHORE_POOL=$(uuidgen)
@@ -132,7 +144,8 @@ enum Command {
     /// Delete the pool and all its leases.
     Delete,
     /// Borrow a slot and print the lease; it is NOT returned when semaphore exits
-    /// (return it with `semaphore return LEASE`, or let its ttl end it).
+    /// (return it with `semaphore return LEASE`, or let its ttl end it). A signal
+    /// while it waits gives the wait up.
     Borrow(BorrowArgs),
     /// Return a lease early (prints {"returned": false} for an unknown, expired
     /// or already returned lease).
@@ -150,7 +163,7 @@ enum Command {
 #[derive(Debug, Args)]
 struct BorrowArgs {
     /// Seconds the lease lives (fractions allowed; the service clamps it to its
-    /// maximum, 3600 by default).
+    /// maximum, 3600 by default: the answer's expires_in is what it granted).
     #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
     ttl: Duration,
 
@@ -162,8 +175,9 @@ struct BorrowArgs {
 
 #[derive(Debug, Args)]
 struct RunArgs {
-    /// Seconds the lease lives. When it runs out before COMMAND ends, COMMAND
-    /// gets SIGTERM (SIGKILL after --kill-after) and semaphore exits 124.
+    /// Seconds the lease lives (the service may grant less: its maximum, 3600
+    /// by default). COMMAND must be done before it ends: it is stopped
+    /// (SIGTERM, then SIGKILL) just before, and semaphore exits 124.
     #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, default_value = "300")]
     ttl: Duration,
 
@@ -180,9 +194,18 @@ struct RunArgs {
     )]
     conflict_exit_code: u8,
 
-    /// Seconds between SIGTERM and SIGKILL when COMMAND must stop.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "10")]
-    kill_after: Duration,
+    /// Seconds between SIGTERM and SIGKILL when COMMAND must stop: SIGTERM
+    /// goes this long before the SIGKILL that comes just before the lease ends.
+    /// Default: a tenth of the lease's time, at most 10 s. Must be shorter
+    /// than --ttl.
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    kill_after: Option<Duration>,
+
+    /// Keep COMMAND in semaphore's process group, for a COMMAND that reads
+    /// from the terminal: it then gets the terminal's Ctrl-C itself, and
+    /// signals go to COMMAND alone, not to the processes it started.
+    #[arg(long)]
+    foreground: bool,
 
     /// The command and its arguments (after `--`).
     #[arg(
@@ -248,16 +271,26 @@ async fn dispatch(cli: Cli) -> u8 {
         }
     };
     let pool = client.pool(pool_id);
+    let code = command(&pool, &url, cli.command).await;
+    // Returns sent in the background (by a borrow given up at a signal, or
+    // one that failed not knowing whether it was granted) finish before the
+    // runtime ends, or are cut off.
+    client.settle().await;
+    code
+}
+
+/// Runs one subcommand; its exit status.
+async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
     let human = std::io::stdout().is_terminal();
-    let outcome = match cli.command {
+    let outcome = match command {
         Command::Register { count } => pool
             .register(count)
             .await
-            .map(|state| print_state(&pool, state, human)),
+            .map(|state| print_state(pool, state, human)),
         Command::Inspect => pool
             .inspect()
             .await
-            .map(|state| print_state(&pool, state, human)),
+            .map(|state| print_state(pool, state, human)),
         Command::Delete => pool.delete().await.map(|deleted| {
             if human {
                 let what = if deleted { "deleted" } else { "did not exist" };
@@ -266,10 +299,14 @@ async fn dispatch(cli: Cli) -> u8 {
                 println!("{}", json!({ "deleted": deleted }));
             }
         }),
-        Command::Borrow(args) => pool
-            .borrow(Borrow::ttl(args.ttl).wait(args.wait))
-            .await
-            .map(|lease| {
+        Command::Borrow(args) => {
+            let ask = Borrow::ttl(args.ttl).wait(args.wait);
+            let lease = match wait::borrow(pool, ask).await {
+                Ok(lease) => Ok(lease),
+                Err(wait::Stopped::Failed(err)) => Err(err),
+                Err(wait::Stopped::Exit(code)) => return code,
+            };
+            lease.map(|lease| {
                 // Printed, so kept: the caller returns it by its UUID.
                 let grant = lease.detach();
                 if human {
@@ -286,7 +323,8 @@ async fn dispatch(cli: Cli) -> u8 {
                 } else {
                     println!("{}", grant.to_json());
                 }
-            }),
+            })
+        }
         Command::Return { lease } => pool.return_lease(lease).await.map(|returned| {
             if human {
                 println!(
@@ -301,11 +339,11 @@ async fn dispatch(cli: Cli) -> u8 {
                 println!("{}", json!({ "returned": returned }));
             }
         }),
-        Command::Run(args) => return run::run(&pool, &url, args).await,
+        Command::Run(args) => return run::run(pool, url, args).await,
     };
     match outcome {
         Ok(()) => 0,
-        Err(err) => report(&pool, &err, exit::NO_SLOT),
+        Err(err) => report(pool, &err, exit::NO_SLOT),
     }
 }
 
@@ -345,6 +383,10 @@ fn report(pool: &Pool, err: &Error, no_slot: u8) -> u8 {
         Error::PoolNotFound => (
             exit::NO_POOL,
             " (create it with: semaphore register --count N)",
+        ),
+        Error::RouteNotFound(_) => (
+            exit::USAGE,
+            "; check --url or SEMAPHORE_URL: the service's base URL, with its stage if it has one",
         ),
         Error::BadRequest(_) | Error::InvalidUrl(_) => (exit::USAGE, ""),
         _ => (exit::UNAVAILABLE, ""),

@@ -1,18 +1,17 @@
 //! `semaphore run`: COMMAND under a lease, like `flock`, `consul lock` and
-//! `etcdctl lock`.
+//! `etcdctl lock`, and stopped before the lease ends, like `timeout`.
 
-use std::convert::Infallible;
-use std::io::{IsTerminal, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use semaphore_client::{format_seconds, Borrow, Error, Lease, Pool, Uuid};
+use semaphore_client::{format_seconds, Borrow, Error, Lease, Pool};
 use tokio::process::{Child, Command};
-use tokio::signal::unix::{signal, SignalKind};
 
+use crate::signals::{Received, Signals};
+use crate::wait::{self, Stopped};
 use crate::{exit, report, RunArgs};
 
 pub const LONG_ABOUT: &str = "\
@@ -23,46 +22,72 @@ COMMAND gets SEMAPHORE_LEASE, SEMAPHORE_POSITION, SEMAPHORE_EXPIRES_AT (Unix sec
 SEMAPHORE_FENCE (the fencing token), SEMAPHORE_POOL and SEMAPHORE_URL in its environment.
 
 If no slot frees up within --wait, COMMAND does not run and semaphore exits 1 (or -E's \
-CODE). While it waits on a terminal, a status line on stderr shows the seconds waited.
+CODE). While it waits on a terminal, a status line on stderr shows the seconds waited. \
+A signal while it waits gives its place in the queue up.
 
-If the lease's ttl runs out while COMMAND still runs, COMMAND gets SIGTERM, then SIGKILL \
-after --kill-after seconds, and semaphore exits 124. Choose a ttl longer than COMMAND can \
-take: a lease cannot be extended.
+COMMAND is stopped before the lease ends, so that the next holder never runs alongside it. \
+The lease ends when the service's answer says: semaphore counts the time it granted \
+from when the answer arrived (the service may shorten --ttl to its maximum; semaphore \
+then warns). Just before that end (by 1 % of the lease's time, 0.1 s to 1 s, for the \
+answer's time in transit), COMMAND gets SIGKILL; --kill-after seconds earlier, SIGTERM. \
+semaphore then exits 124. --kill-after is by default a tenth of the lease's time, at \
+most 10 s, so a short ttl leaves COMMAND most of it. A lease cannot be extended: choose \
+a ttl longer than COMMAND can take.
 
-On SIGINT, SIGTERM or SIGHUP, semaphore passes the signal on to COMMAND, waits for it to \
-exit (SIGKILL after --kill-after, or at a second signal), returns the slot and exits \
-128+N.
+COMMAND runs in a process group of its own, and signals go to that whole group, so the \
+processes it started stop with it. It cannot read from the terminal then: for a \
+COMMAND that does, pass --foreground, which keeps it in semaphore's process group (and \
+so in the terminal's foreground); signals then go to COMMAND alone.
+
+COMMAND dies with semaphore: if semaphore is killed, even by SIGKILL, COMMAND gets \
+SIGKILL (Linux), since it would otherwise run on without anyone stopping it in time.
+
+On SIGINT, SIGTERM, SIGHUP or SIGQUIT, semaphore passes the signal on to COMMAND, waits \
+for it to exit (SIGKILL after --kill-after, at a second signal, and in any case before \
+the lease ends), returns the slot and exits 128+N. COMMAND gets each signal once: one \
+that a terminal sent to COMMAND's process group itself (Ctrl-C, Ctrl-\\ with \
+--foreground) is not passed on again.
 
 Example, a lock with a 10-minute timeout, waiting up to 5 minutes for it:
 
     semaphore run --pool $P --ttl 600 --wait 300 -- ./deploy.sh";
 
-/// SIGINT, SIGTERM and SIGHUP, as one stream.
-struct Signals {
-    int: tokio::signal::unix::Signal,
-    term: tokio::signal::unix::Signal,
-    hup: tokio::signal::unix::Signal,
+/// SIGKILL comes this share of the lease's time before its end (within
+/// the bounds below): the end is counted from when the answer arrived, so it
+/// is late by the answer's time in transit, and the kill itself takes a
+/// moment (a timer fires late on a busy machine, the signal is delivered).
+const KILL_MARGIN_SHARE: f64 = 0.01;
+const KILL_MARGIN_MIN: Duration = Duration::from_millis(100);
+const KILL_MARGIN_MAX: Duration = Duration::from_secs(1);
+/// The default --kill-after: this share of the time until SIGKILL, at most
+/// the cap, so that a 2 s lease still leaves COMMAND 1.7 s.
+const KILL_AFTER_SHARE: u32 = 10;
+const KILL_AFTER_CAP: Duration = Duration::from_secs(10);
+
+fn kill_margin(lease_time: Duration) -> Duration {
+    lease_time
+        .mul_f64(KILL_MARGIN_SHARE)
+        .clamp(KILL_MARGIN_MIN, KILL_MARGIN_MAX)
 }
 
-impl Signals {
-    fn new() -> std::io::Result<Signals> {
-        Ok(Signals {
-            int: signal(SignalKind::interrupt())?,
-            term: signal(SignalKind::terminate())?,
-            hup: signal(SignalKind::hangup())?,
-        })
-    }
-
-    async fn recv(&mut self) -> Signal {
-        tokio::select! {
-            _ = self.int.recv() => Signal::SIGINT,
-            _ = self.term.recv() => Signal::SIGTERM,
-            _ = self.hup.recv() => Signal::SIGHUP,
-        }
-    }
+fn default_kill_after(until_kill: Duration) -> Duration {
+    (until_kill / KILL_AFTER_SHARE).min(KILL_AFTER_CAP)
 }
 
 pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
+    if let Some(kill_after) = args.kill_after {
+        let room = args.ttl.saturating_sub(kill_margin(args.ttl));
+        if kill_after >= room {
+            eprintln!(
+                "semaphore: --kill-after {} leaves COMMAND no time under --ttl {}: SIGKILL \
+                 comes {} before the lease ends, and SIGTERM --kill-after before that",
+                format_seconds(kill_after),
+                format_seconds(args.ttl),
+                format_seconds(kill_margin(args.ttl)),
+            );
+            return exit::USAGE;
+        }
+    }
     // Before borrowing: a signal while waiting must not kill semaphore
     // between the grant and the child's start.
     let mut signals = match Signals::new() {
@@ -72,22 +97,15 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
             return exit::UNAVAILABLE;
         }
     };
-    let lease_id = Uuid::new_v4();
-    let lease = tokio::select! {
-        lease = pool.borrow(Borrow::ttl(args.ttl).wait(args.wait).lease_id(lease_id)) => lease,
-        never = status_line(pool) => match never {},
-        signal = signals.recv() => {
-            clear_status_line();
-            // The borrow may have been granted without the answer reaching us:
-            // its lease UUID is ours, so give back whatever it got.
-            let _ = tokio::time::timeout(Duration::from_secs(3), pool.return_lease(lease_id)).await;
-            return 128 + signal as u8;
-        }
-    };
-    clear_status_line();
-    let lease = match lease {
+    let ask = Borrow::ttl(args.ttl).wait(args.wait);
+    let lease = match wait::borrow_with(pool, ask, &mut signals).await {
         Ok(lease) => lease,
-        Err(err) => return report(pool, &err, args.conflict_exit_code),
+        Err(Stopped::Failed(err)) => return report(pool, &err, args.conflict_exit_code),
+        Err(Stopped::Exit(code)) => return code,
+    };
+    let Some(schedule) = Schedule::new(pool, &lease, &args) else {
+        give_back(lease).await;
+        return exit::TIMED_OUT;
     };
 
     let (program, rest) = match args.command.split_first() {
@@ -110,7 +128,14 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
         // Never a fence inherited from an outer `semaphore run`.
         None => command.env_remove("SEMAPHORE_FENCE"),
     };
-    let mut child = match command.spawn() {
+    if !args.foreground {
+        // Its own process group (its pgid is its pid), so that stopping it
+        // reaches the processes it started: a shell script's children would
+        // otherwise run on after the script is killed, past the lease.
+        command.process_group(0);
+    }
+    die_with_semaphore(&mut command);
+    let child = match command.spawn() {
         Ok(child) => child,
         Err(err) => {
             eprintln!("semaphore: cannot run {}: {err}", program.to_string_lossy());
@@ -122,56 +147,276 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
             };
         }
     };
-
-    let code = tokio::select! {
-        status = child.wait() => match status {
-            Ok(status) => exit_code(status),
-            Err(err) => {
-                eprintln!("semaphore: cannot wait for COMMAND: {err}");
-                exit::UNAVAILABLE
-            }
-        },
-        signal = signals.recv() => {
-            stop(&mut child, signal, args.kill_after, &mut signals).await;
-            128 + signal as u8
-        }
-        _ = tokio::time::sleep_until(lease.deadline().into()) => {
-            eprintln!(
-                "semaphore: the lease on pool {} ran out (ttl {}) while COMMAND still ran; \
-                 stopping it: SIGTERM, SIGKILL after {}",
-                pool.short_id(),
-                format_seconds(args.ttl),
-                format_seconds(args.kill_after),
-            );
-            stop(&mut child, Signal::SIGTERM, args.kill_after, &mut signals).await;
-            exit::TIMED_OUT
-        }
+    // Its process group's id is its pid, kept to reach what it leaves
+    // behind once it is reaped.
+    let group = match args.foreground {
+        true => None,
+        false => child.id().and_then(|pid| i32::try_from(pid).ok()),
     };
+    let mut running = Running {
+        child,
+        group: group.map(Pid::from_raw),
+    };
+    let code = running.supervise(&schedule, &mut signals).await;
     give_back(lease).await;
     code
 }
 
-/// Sends `first` to the child, then SIGKILL after `grace` or at the next
-/// signal semaphore gets, and waits for it to exit.
-async fn stop(child: &mut Child, first: Signal, grace: Duration, signals: &mut Signals) {
-    send(child, first);
-    let deadline = Instant::now() + grace;
-    tokio::select! {
-        _ = child.wait() => return,
-        _ = tokio::time::sleep_until(deadline.into()) => {}
-        _ = signals.recv() => {}
-    }
-    send(child, Signal::SIGKILL);
-    let _ = child.wait().await;
+/// When COMMAND is stopped, by this process's clock.
+struct Schedule {
+    /// SIGTERM, by the lease's end.
+    term_at: Instant,
+    /// SIGKILL, so that COMMAND is dead when the lease ends.
+    kill_at: Instant,
+    /// Between SIGTERM and SIGKILL when a signal stops COMMAND.
+    kill_after: Duration,
+    /// The lease's end.
+    ends_at: Instant,
+    short_id: String,
+    granted: Duration,
 }
 
-fn send(child: &Child, signal: Signal) {
-    // `id()` is None once the child was reaped: then there is nothing to
-    // signal, and no risk of signalling a recycled pid.
-    if let Some(pid) = child.id().and_then(|pid| i32::try_from(pid).ok()) {
-        let _ = kill(Pid::from_raw(pid), signal);
+impl Schedule {
+    /// The schedule for `lease`, with warnings on stderr when the service
+    /// shortened the ttl or --kill-after does not fit; `None` (and why, on
+    /// stderr) when the lease has too little time left to start COMMAND.
+    fn new(pool: &Pool, lease: &Lease, args: &RunArgs) -> Option<Schedule> {
+        let short_id = pool.short_id();
+        let now = Instant::now();
+        let granted = Duration::try_from_secs_f64(lease.grant().expires_in).unwrap_or_default();
+        if lease.ttl_clamped() {
+            eprintln!(
+                "semaphore: pool {short_id}: warning: the service shortened the ttl: the \
+                 lease ends in {}, not the {} asked (its MAX_TTL_SECONDS); COMMAND is \
+                 stopped before then",
+                format_seconds(granted),
+                format_seconds(args.ttl),
+            );
+        }
+        let left = lease.deadline().saturating_duration_since(now);
+        let kill_at = lease
+            .deadline()
+            .checked_sub(kill_margin(left))
+            .unwrap_or(now);
+        let until_kill = kill_at.saturating_duration_since(now);
+        if until_kill.is_zero() {
+            eprintln!(
+                "semaphore: pool {short_id}: the lease granted ends in {}: too soon to \
+                 start COMMAND",
+                format_seconds(left),
+            );
+            return None;
+        }
+        let kill_after = match args.kill_after {
+            None => default_kill_after(until_kill),
+            Some(kill_after) if kill_after < until_kill => kill_after,
+            Some(kill_after) => {
+                let fits = default_kill_after(until_kill);
+                eprintln!(
+                    "semaphore: pool {short_id}: warning: --kill-after {} does not fit in \
+                     the {} the lease has left: SIGTERM {} before SIGKILL instead",
+                    format_seconds(kill_after),
+                    format_seconds(left),
+                    format_seconds(fits),
+                );
+                fits
+            }
+        };
+        Some(Schedule {
+            term_at: kill_at - kill_after,
+            kill_at,
+            kill_after,
+            ends_at: lease.deadline(),
+            short_id,
+            granted,
+        })
     }
 }
+
+/// Why semaphore is stopping COMMAND.
+#[derive(Clone, Copy)]
+enum Stopping {
+    /// The lease is about to end: exit 124.
+    Expiry,
+    /// semaphore got this signal: exit 128+N.
+    Signal(Received),
+}
+
+impl Stopping {
+    fn exit_code(self) -> u8 {
+        match self {
+            Stopping::Expiry => exit::TIMED_OUT,
+            Stopping::Signal(received) => received.exit_code(),
+        }
+    }
+}
+
+struct Running {
+    child: Child,
+    /// The process group COMMAND leads (not with --foreground): signals go
+    /// to the whole group.
+    group: Option<Pid>,
+}
+
+impl Running {
+    /// Waits for COMMAND, stopping it on schedule or on a signal; semaphore's
+    /// exit status.
+    async fn supervise(&mut self, schedule: &Schedule, signals: &mut Signals) -> u8 {
+        let mut stopping: Option<Stopping> = None;
+        // SIGKILL at the latest then; sooner after a signal.
+        let mut kill_at = schedule.kill_at;
+        loop {
+            tokio::select! {
+                status = self.child.wait() => {
+                    let code = match status {
+                        Ok(status) => exit_code(status),
+                        Err(err) => {
+                            eprintln!("semaphore: cannot wait for COMMAND: {err}");
+                            exit::UNAVAILABLE
+                        }
+                    };
+                    return match stopping {
+                        Some(stopping) => {
+                            // What COMMAND started and left behind is stopped too.
+                            self.send_to_group(Signal::SIGKILL);
+                            stopping.exit_code()
+                        }
+                        None => code,
+                    };
+                }
+                _ = tokio::time::sleep_until(schedule.term_at.into()), if stopping.is_none() => {
+                    eprintln!(
+                        "semaphore: pool {}: the lease runs out in {} (the service granted \
+                         {}): stopping COMMAND: SIGTERM now, SIGKILL in {}",
+                        schedule.short_id,
+                        format_seconds(schedule.ends_at.saturating_duration_since(schedule.term_at)),
+                        format_seconds(schedule.granted),
+                        format_seconds(schedule.kill_after),
+                    );
+                    stopping = Some(Stopping::Expiry);
+                    self.send(Signal::SIGTERM);
+                }
+                _ = tokio::time::sleep_until(kill_at.into()) => {
+                    if stopping.is_none() {
+                        stopping = Some(Stopping::Expiry);
+                    }
+                    return self.kill(stopping).await;
+                }
+                received = signals.recv() => {
+                    if stopping.is_some() {
+                        // A second signal: no more waiting.
+                        return self.kill(stopping).await;
+                    }
+                    stopping = Some(Stopping::Signal(received));
+                    if !self.got_it_from_the_terminal(received) {
+                        self.send(received.signal);
+                    }
+                    kill_at = kill_at.min(Instant::now() + schedule.kill_after);
+                }
+            }
+        }
+    }
+
+    /// SIGKILL, then the exit status once COMMAND is reaped.
+    async fn kill(&mut self, stopping: Option<Stopping>) -> u8 {
+        self.send(Signal::SIGKILL);
+        let status = self.child.wait().await;
+        match (stopping, status) {
+            (Some(stopping), _) => stopping.exit_code(),
+            (None, Ok(status)) => exit_code(status),
+            (None, Err(_)) => exit::UNAVAILABLE,
+        }
+    }
+
+    /// Whether a terminal already sent `received` to COMMAND: it came from
+    /// the kernel, which sends a terminal's Ctrl-C, Ctrl-\ and hangup to the
+    /// terminal's foreground process group, and COMMAND's group is that one
+    /// (with --foreground, or a COMMAND that took the terminal).
+    ///
+    /// Both tests are needed: tcgetpgrp alone cannot tell a Ctrl-C from a
+    /// `kill -INT` sent to semaphore alone while it runs in the foreground
+    /// (COMMAND would then never hear of it); the signal's origin alone
+    /// cannot tell whether COMMAND is in the group the terminal signalled (by
+    /// default it is not: it has a group of its own, so semaphore passes the
+    /// Ctrl-C on, once).
+    fn got_it_from_the_terminal(&self, received: Received) -> bool {
+        if !received.from_kernel {
+            return false;
+        }
+        let Some(pid) = self.pid() else {
+            return false;
+        };
+        let Ok(tty) = std::fs::File::open("/dev/tty") else {
+            // No controlling terminal: no terminal sent it.
+            return false;
+        };
+        match (
+            nix::unistd::tcgetpgrp(&tty),
+            nix::unistd::getpgid(Some(pid)),
+        ) {
+            (Ok(foreground), Ok(group)) => foreground == group,
+            _ => false,
+        }
+    }
+
+    fn pid(&self) -> Option<Pid> {
+        // `id()` is None once the child was reaped: then there is nothing to
+        // signal, and no risk of signalling a recycled pid.
+        self.child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .map(Pid::from_raw)
+    }
+
+    /// Sends `signal` to COMMAND: its process group, or itself alone with
+    /// --foreground.
+    fn send(&self, signal: Signal) {
+        let Some(pid) = self.pid() else {
+            return;
+        };
+        if self.group.is_some() {
+            self.send_to_group(signal);
+        } else {
+            let _ = kill(pid, signal);
+        }
+    }
+
+    /// Sends `signal` to COMMAND's process group, also once COMMAND (its
+    /// leader) is reaped: to what it left behind. Its id stays taken while
+    /// anyone is in the group, so this reaches no one else; nothing with
+    /// --foreground.
+    fn send_to_group(&self, signal: Signal) {
+        if let Some(group) = self.group {
+            let _ = nix::sys::signal::killpg(group, signal);
+        }
+    }
+}
+
+/// On Linux, COMMAND gets SIGKILL when semaphore dies, whatever kills it: a
+/// COMMAND left running would hold on without a lease, or past its end.
+#[cfg(target_os = "linux")]
+fn die_with_semaphore(command: &mut Command) {
+    let semaphore = nix::unistd::getpid();
+    // SAFETY: between fork and exec the closure only makes system calls
+    // (prctl, getppid) and builds an io::Error from an errno, which does not
+    // allocate: all async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            // The parent death signal fires when the *thread* that forked
+            // exits: here the main thread (a current-thread runtime), which
+            // lives as long as semaphore.
+            nix::sys::prctl::set_pdeathsig(Signal::SIGKILL)?;
+            // semaphore may have died before the call above.
+            if nix::unistd::getppid() != semaphore {
+                return Err(std::io::Error::from_raw_os_error(nix::libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_semaphore(_command: &mut Command) {}
 
 /// COMMAND's status as semaphore's: its code, or 128+N for signal N.
 fn exit_code(status: ExitStatus) -> u8 {
@@ -191,37 +436,5 @@ async fn give_back(lease: Lease) {
             err => format!("{err}; the slot frees itself when the ttl ends"),
         };
         eprintln!("semaphore: pool {short}: could not return the lease: {when}");
-    }
-}
-
-/// While waiting on a terminal: one line on stderr, rewritten each second.
-/// Never completes.
-async fn status_line(pool: &Pool) -> Infallible {
-    if !std::io::stderr().is_terminal() {
-        return std::future::pending().await;
-    }
-    let started = Instant::now();
-    let mut ticks = tokio::time::interval_at(
-        (started + Duration::from_secs(1)).into(),
-        Duration::from_secs(1),
-    );
-    loop {
-        ticks.tick().await;
-        let mut err = std::io::stderr().lock();
-        let _ = write!(
-            err,
-            "\r\x1b[2Ksemaphore: waiting for a slot in pool {}… {} s",
-            pool.short_id(),
-            started.elapsed().as_secs()
-        );
-        let _ = err.flush();
-    }
-}
-
-fn clear_status_line() {
-    let mut err = std::io::stderr();
-    if err.is_terminal() {
-        let _ = write!(err, "\r\x1b[2K");
-        let _ = err.flush();
     }
 }
