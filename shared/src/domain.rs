@@ -672,6 +672,21 @@ impl Pool {
         now_ms: u64,
         max_waiters: usize,
     ) -> BorrowPlan {
+        self.plan_borrow_or_join(holder, give_up_ms, now_ms, max_waiters, true)
+    }
+
+    /// [`Pool::plan_borrow`], but with `take: false` a free slot is not taken
+    /// directly: the borrower joins the queue, and a free slot is then handed
+    /// to the head. A newcomer that lost a take races no more: joins never
+    /// collide, and the free slots go to the queue in order.
+    pub fn plan_borrow_or_join(
+        &self,
+        holder: Holder,
+        give_up_ms: u64,
+        now_ms: u64,
+        max_waiters: usize,
+        take: bool,
+    ) -> BorrowPlan {
         let digest = holder.digest;
         if let Some(lease) = self.live_lease(digest, now_ms) {
             return BorrowPlan::Held(lease);
@@ -699,7 +714,7 @@ impl Pool {
         // Work-conserving fairness: the live tickets are owed as many free
         // slots; a newcomer takes one only beyond those (the lowest: the
         // waiters are handed the next ones).
-        if free.len() > live_waiters {
+        if take && free.len() > live_waiters {
             if live_waiters == 0 {
                 if self.queue.len() > MAX_PRUNE {
                     return BorrowPlan::Prune(self.prune_front(now_ms));

@@ -82,6 +82,23 @@ impl Timing {
     }
 }
 
+impl Timing {
+    /// The nap before reading when a hand-off is due at `due_ms`: until just
+    /// before it, then every `poll_min` for a while after it (a forecast that
+    /// came true late), then no shorter than any other nap.
+    fn near(&self, due_ms: u64, now_ms: u64) -> Duration {
+        let margin = self.poll_min / 2;
+        let before = Duration::from_millis(due_ms.saturating_sub(now_ms));
+        if before > margin {
+            before - margin
+        } else if now_ms.saturating_sub(due_ms) <= 4 * self.poll_min.as_millis() as u64 {
+            self.poll_min
+        } else {
+            Duration::MAX
+        }
+    }
+}
+
 impl Default for Timing {
     fn default() -> Self {
         Timing {
@@ -421,6 +438,9 @@ impl Borrower {
         // The grant times of the takes we tried: a lease of ours found with
         // one of them is this request's own grant.
         let mut tried: Vec<u64> = Vec::new();
+        // A borrower that may wait and lost a take joins the queue instead of
+        // racing for the next free slot (joins never collide).
+        let mut take = true;
         loop {
             if record.incarnation != incarnation {
                 // Deleted (and maybe registered again) while we were at it.
@@ -436,34 +456,40 @@ impl Borrower {
                 return Ok(Placed::Granted(lease, true));
             }
             let now = now_ms();
-            let update =
-                match record
-                    .pool
-                    .plan_borrow(self.holder, self.give_up_ms, now, self.max_waiters)
-                {
-                    BorrowPlan::Held(lease) => return Ok(Placed::Granted(lease, false)),
-                    BorrowPlan::Queued(holder) => return Ok(Placed::Queued(record, holder, now)),
-                    // Given up before this request was seen, or no place to wait.
-                    BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
-                    BorrowPlan::Prune(update) => update,
-                    BorrowPlan::Take { update, .. } => {
-                        tried.push(now);
-                        update
+            let may_wait = Instant::now() < self.give_up;
+            let plan = record.pool.plan_borrow_or_join(
+                self.holder,
+                self.give_up_ms,
+                now,
+                self.max_waiters,
+                take || !may_wait,
+            );
+            match plan {
+                BorrowPlan::Held(lease) => return Ok(Placed::Granted(lease, false)),
+                BorrowPlan::Queued(holder) => return Ok(Placed::Queued(record, holder, now)),
+                // Given up before this request was seen, or no place to wait.
+                BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
+                BorrowPlan::Prune(update) => {
+                    record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                }
+                BorrowPlan::Take { update, .. } => {
+                    tried.push(now);
+                    record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    // Lost unless the lease it wrote is there (checked above).
+                    take = false;
+                }
+                BorrowPlan::Join(update) => {
+                    if !may_wait {
+                        // `wait: 0` (or no time left): no waiting at all.
+                        return Err(Error::Exhausted);
                     }
-                    BorrowPlan::Join(update) => {
-                        if Instant::now() >= self.give_up {
-                            // `wait: 0` (or no time left): no waiting at all.
-                            return Err(Error::Exhausted);
-                        }
-                        let joined = write(ctx, &self.key, &record, &update, &mut lost).await?;
-                        if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
-                            return Ok(Placed::Queued(joined, self.holder, now));
-                        }
-                        record = joined;
-                        continue;
+                    let joined = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
+                        return Ok(Placed::Queued(joined, self.holder, now));
                     }
-                };
-            record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    record = joined;
+                }
+            }
         }
     }
 
@@ -480,6 +506,7 @@ impl Borrower {
     ) -> Result<Grant, Error> {
         let mut lost = 0u32;
         let mut pace = Pace::default();
+        let mut forecast = Forecast::default();
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
@@ -512,6 +539,12 @@ impl Borrower {
                     .await;
             }
             let nap = ctx.poll_interval(ahead, needed, &record.pool, now, &mut pace);
+            // Read around the time the slot it waits for is expected to be
+            // handed on (a shorter nap only, never a longer one).
+            let nap = match forecast.observe(&record.pool, needed, now) {
+                Some(due) => nap.min(ctx.timing.near(due, now)),
+                None => nap,
+            };
             // Once the next returns may serve it, read well within its ttl:
             // a slot handed to it is its lease from the hand-off on.
             let nap = if ahead < usize::from(record.pool.count().max(1)) {
@@ -726,11 +759,15 @@ impl Ctx<'_> {
     ) -> Duration {
         let timing = self.timing;
         let by_place = timing.by_place(ahead, pool.count());
-        let full = match pace.observe(pool.next_fence(), now_ms) {
+        let full = match pace.observe(pool, now_ms) {
             // Half the time its turn is expected to take: a grant is seen
             // about a quarter of that after it lands, on average.
-            Some(per_second) => Duration::from_secs_f64((needed.max(1) as f64 / per_second) / 2.0)
-                .clamp(timing.poll_min.min(by_place), by_place),
+            // Saturating: no pace estimate may panic a request.
+            Some(per_second) => {
+                Duration::try_from_secs_f64(needed.max(1) as f64 / per_second / 2.0)
+                    .unwrap_or(by_place)
+                    .clamp(timing.poll_min.min(by_place), by_place)
+            }
             // The first nap after joining is at most `poll`: an early read
             // tells how fast the pool grants.
             None => by_place.min(timing.poll),
@@ -739,30 +776,100 @@ impl Ctx<'_> {
     }
 }
 
-/// How fast a pool grants, as one waiter sees it: fences issued per second
-/// between its reads, smoothed.
+/// When the slots a waiter waits for are likely to be handed on: how long
+/// holders hold, learned from the slots it saw handed on between its reads.
 #[derive(Default)]
-struct Pace {
-    last: Option<(u64, u64)>,
-    per_second: Option<f64>,
+struct Forecast {
+    /// The held slots at the last read: position, fence, grant ms.
+    seen: Vec<(u16, u64, u64)>,
+    /// Smoothed hold, ms.
+    hold_ms: Option<f64>,
 }
 
-impl Pace {
-    /// Takes in a read at `now_ms` showing the next fence `fence`; the
-    /// grants per second seen so far (`None` until two reads, or while
-    /// nothing is granted).
-    fn observe(&mut self, fence: u64, now_ms: u64) -> Option<f64> {
-        if let Some((then, before)) = self.last {
-            if now_ms > then {
-                let rate = fence.saturating_sub(before) as f64 * 1000.0 / (now_ms - then) as f64;
-                self.per_second = Some(match self.per_second {
-                    Some(old) => 0.5 * old + 0.5 * rate,
-                    None => rate,
+impl Forecast {
+    /// Takes in a read at `now_ms`; when the `needed`-th of the slots held
+    /// now is expected to be handed on (a slot whose holder has held it
+    /// well past the usual hold is not expected before its expiry).
+    fn observe(&mut self, pool: &Pool, needed: usize, now_ms: u64) -> Option<u64> {
+        let held: Vec<_> = pool
+            .leases()
+            .into_iter()
+            .filter(|l| l.is_live(now_ms))
+            .collect();
+        for lease in &held {
+            let before = self
+                .seen
+                .iter()
+                .find(|(position, fence, _)| *position == lease.position && *fence < lease.fence);
+            if let Some(&(_, _, granted)) = before {
+                let hold = lease.granted_ms.saturating_sub(granted) as f64;
+                self.hold_ms = Some(match self.hold_ms {
+                    Some(old) => 0.7 * old + 0.3 * hold,
+                    None => hold,
                 });
             }
         }
-        self.last = Some((now_ms, fence));
-        self.per_second.filter(|r| *r > 0.0)
+        self.seen = held
+            .iter()
+            .map(|l| (l.position, l.fence, l.granted_ms))
+            .collect();
+        let hold = self.hold_ms? as u64;
+        let slack = (hold / 4).max(20);
+        let mut due: Vec<u64> = held
+            .iter()
+            .map(|l| {
+                let usual = l.granted_ms.saturating_add(hold);
+                if usual.saturating_add(slack) < now_ms {
+                    l.expires_at_ms
+                } else {
+                    usual.min(l.expires_at_ms)
+                }
+            })
+            .collect();
+        due.sort_unstable();
+        needed.checked_sub(1).and_then(|i| due.get(i).copied())
+    }
+}
+
+/// How fast a pool grants, as one waiter sees it: fences issued per second
+/// since its first read (a window of a few polls may hold no grant at all,
+/// and a waiter far back must not take a busy pool for an idle one), and
+/// until that window is long enough, from when its current holders were
+/// granted.
+#[derive(Default)]
+struct Pace {
+    first: Option<(u64, u64)>,
+}
+
+impl Pace {
+    /// Grants shorter apart than this say nothing of a pool's pace.
+    const WINDOW_MS: u64 = 200;
+
+    /// Takes in a read of `pool` at `now_ms`; the grants per second seen so
+    /// far (`None` while the pool has not been seen to grant).
+    fn observe(&mut self, pool: &Pool, now_ms: u64) -> Option<f64> {
+        let fence = pool.next_fence();
+        let (since, first) = *self.first.get_or_insert((now_ms, fence));
+        if now_ms >= since + Self::WINDOW_MS {
+            let rate = fence.saturating_sub(first) as f64 * 1000.0 / (now_ms - since) as f64;
+            return (rate > 0.0).then_some(rate);
+        }
+        // The recent grants of the slots held now.
+        let mut granted: Vec<u64> = pool
+            .leases()
+            .iter()
+            .filter(|l| l.is_live(now_ms))
+            .map(|l| l.granted_ms)
+            .filter(|g| now_ms.saturating_sub(*g) <= 10 * Self::WINDOW_MS)
+            .collect();
+        granted.sort_unstable();
+        match (granted.first(), granted.last()) {
+            (Some(&oldest), Some(&newest)) if granted.len() >= 2 => {
+                let span = now_ms.saturating_sub(oldest).max(newest - oldest).max(1);
+                Some((granted.len() - 1) as f64 * 1000.0 / span as f64)
+            }
+            _ => None,
+        }
     }
 }
 
@@ -807,12 +914,85 @@ mod tests {
     }
 
     #[test]
-    fn the_pace_is_grants_per_second_between_reads() {
+    fn the_pace_is_grants_per_second_since_the_first_read() {
+        use crate::domain::{BorrowPlan, Holder, LeaseDigest, ReturnPlan};
+        let holder = |n: u8| Holder {
+            digest: LeaseDigest([n; 8]),
+            ttl_ms: 60_000,
+        };
+        let mut pool = Pool::new(2, 0);
         let mut pace = Pace::default();
-        assert_eq!(pace.observe(10, 1_000), None, "unknown until two reads");
-        assert_eq!(pace.observe(15, 1_100), Some(50.0));
-        // Nothing granted since: the estimate halves.
-        assert_eq!(pace.observe(15, 1_200), Some(25.0));
+        assert_eq!(pace.observe(&pool, 1_000), None, "an idle pool");
+        // Two holders granted 100 ms apart, 100 ms ago at the latest: the
+        // pool grants about 10 per second.
+        for (n, at) in [(1u8, 800u64), (2, 900)] {
+            let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n), at, at, 100) else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        let mut pace = Pace::default();
+        assert_eq!(pace.observe(&pool, 1_000), Some(5.0));
+        // Five grants in the 250 ms since the first read: 20 per second.
+        for k in 0..5u8 {
+            let at = 1_050 + u64::from(k) * 40;
+            let which = pool.leases()[0].digest;
+            let ReturnPlan::Return(_, update) = pool.plan_return(which, at) else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+            let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(20 + k), at, at, 100)
+            else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        assert_eq!(pace.observe(&pool, 1_250), Some(20.0));
+    }
+
+    #[test]
+    fn a_forecast_learns_the_hold_and_expects_the_next_hand_off() {
+        use crate::domain::{BorrowPlan, Holder, LeaseDigest, ReturnPlan};
+        let holder = |n: u8| Holder {
+            digest: LeaseDigest([n; 8]),
+            ttl_ms: 60_000,
+        };
+        let mut pool = Pool::new(2, 0);
+        for n in 0..2 {
+            let BorrowPlan::Take { update, .. } =
+                pool.plan_borrow(holder(n), 0, 1_000 + u64::from(n) * 100, 100)
+            else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        let mut forecast = Forecast::default();
+        assert_eq!(forecast.observe(&pool, 1, 1_150), None, "no hold seen yet");
+        // Slot 0 is handed on after 200 ms.
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(0).digest, 1_200) else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(9), 0, 1_200, 100) else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        // Slot 1 (granted at 1100) is next, at 1300; slot 0 at 1400.
+        assert_eq!(forecast.observe(&pool, 1, 1_210), Some(1_300));
+        assert_eq!(forecast.observe(&pool, 2, 1_210), Some(1_400));
+        // Long overdue (slot 1 past 1300 + 50): not expected before its expiry.
+        assert_eq!(forecast.observe(&pool, 1, 1_420), Some(1_400));
+        assert_eq!(forecast.observe(&pool, 1, 1_700), Some(61_100));
+    }
+
+    #[test]
+    fn naps_close_in_on_a_due_hand_off() {
+        let timing = Timing::default();
+        let ms = Duration::from_millis;
+        assert_eq!(timing.near(1_100, 1_000), ms(95));
+        assert_eq!(timing.near(1_003, 1_000), ms(10));
+        assert_eq!(timing.near(1_000, 1_030), ms(10));
+        assert_eq!(timing.near(1_000, 1_041), Duration::MAX);
     }
 
     #[test]

@@ -51,6 +51,10 @@ struct Attempt {
     done: f64,
     /// The fence of the grant (grant order); `None` for a 409.
     fence: Option<u64>,
+    /// For a grant: ms from its hand-off (or take) to its answer.
+    answered_after_ms: Option<f64>,
+    /// For a grant: how long its return took, ms.
+    return_ms: Option<f64>,
 }
 
 /// Grants in arrival order. A grant `g` is out of order when a borrower
@@ -118,16 +122,29 @@ pub async fn saturation(
                     match outcome {
                         Ok(granted) => {
                             let fence = granted.as_ref().map(|g| g.fence);
+                            // The lease ran from its grant: the ttl less what
+                            // it had left is how long its answer took.
+                            let answered_after_ms = granted
+                                .as_ref()
+                                .map(|g| SATURATION_TTL_MS.saturating_sub(g.left_ms) as f64);
                             attempts.push(Attempt {
                                 client,
                                 start,
                                 done,
                                 fence,
+                                answered_after_ms,
+                                return_ms: None,
                             });
                             if let Some(granted) = granted {
                                 tokio::time::sleep(spec.hold).await;
                                 let back = returner.give_back(id, granted.held);
-                                match IN_RETURN.scope(true, back).await {
+                                let returning = Instant::now();
+                                let outcome = IN_RETURN.scope(true, back).await;
+                                if let Some(last) = attempts.last_mut() {
+                                    last.return_ms =
+                                        Some(returning.elapsed().as_secs_f64() * 1000.0);
+                                }
+                                match outcome {
                                     Ok(true) => returns += 1,
                                     Ok(false) => {
                                         return Err("a live lease did not return".to_string())
@@ -191,6 +208,8 @@ pub async fn saturation(
     let start_slack = in_order(&attempts, 0.010, 0.0).0;
     let grant_slack = in_order(&attempts, 0.0, poll).0;
     let wait = summarize(&waits);
+    let answered_after: Vec<f64> = grants.iter().filter_map(|a| a.answered_after_ms).collect();
+    let return_ms: Vec<f64> = grants.iter().filter_map(|a| a.return_ms).collect();
     let b = borrow_counters.snapshot();
     let r = return_counters.snapshot();
     let g = grants.len();
@@ -234,6 +253,8 @@ pub async fn saturation(
         errors: errors.len() as u64,
         first_error: errors.first().cloned(),
         waits_ms: waits.iter().map(|w| round3(*w)).collect(),
+        answered_after_grant: summarize(&answered_after),
+        return_duration: summarize(&return_ms),
         writes_by_kind: breakdown.tallies(),
     })
 }
@@ -443,6 +464,8 @@ mod tests {
             // Granted in fence order, one second per fence.
             done: fence as f64,
             fence: Some(fence),
+            answered_after_ms: Some(0.0),
+            return_ms: None,
         }
     }
 

@@ -149,6 +149,10 @@ pub struct SaturationRow {
     pub grants_per_s: f64,
     /// Wait of granted borrows: the borrow call's duration.
     pub wait: Summary,
+    /// Grant (hand-off or take) → the borrow's answer.
+    pub answered_after_grant: Summary,
+    /// A return call, start to answer.
+    pub return_duration: Summary,
     /// (clients − count) / grants per second: every borrower's wait in a
     /// FIFO queue at the throughput measured.
     pub ideal_fifo_wait_ms: f64,
@@ -876,6 +880,23 @@ impl Report {
                 r.in_order_grant_within_poll,
                 r.in_order_lenient,
                 r.errors
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\nWhere a slot's cycle goes beyond its hold (ms): grant → the borrow's answer (the waiter's detection of its hand-off), and the return call:\n\n\
+             | store | strategy | answered after grant p50 / p99 | return p50 / p99 |\n|---|---|---|---|"
+        );
+        for r in &self.saturation {
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.1} / {:.1} | {:.1} / {:.1} |",
+                r.backend,
+                r.strategy,
+                r.answered_after_grant.p50_ms,
+                r.answered_after_grant.p99_ms,
+                r.return_duration.p50_ms,
+                r.return_duration.p99_ms
             );
         }
         let _ = writeln!(

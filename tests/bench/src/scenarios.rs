@@ -300,10 +300,12 @@ pub enum Held {
     Naive(Lease),
 }
 
-/// A granted borrow: what to return, and its fence (grant order).
+/// A granted borrow: what to return, its fence (grant order), and what its
+/// lease had left when answered.
 pub struct Granted {
     pub held: Held,
     pub fence: u64,
+    pub left_ms: u64,
 }
 
 impl Worker {
@@ -320,9 +322,15 @@ impl Worker {
                     .borrow(id, request(ttl_ms, wait_ms), &mut call())
                     .await
                 {
-                    Ok(Grant { lease, fence, .. }) => Ok(Some(Granted {
+                    Ok(Grant {
+                        lease,
+                        fence,
+                        expires_in_ms,
+                        ..
+                    }) => Ok(Some(Granted {
                         held: Held::Lease(lease),
                         fence,
+                        left_ms: expires_in_ms,
                     })),
                     Err(Error::Exhausted) => Ok(None),
                     Err(e) => Err(e.to_string()),
@@ -337,6 +345,7 @@ impl Worker {
                 Ok(lease.map(|lease| Granted {
                     held: Held::Naive(lease),
                     fence: lease.fence,
+                    left_ms: lease.expires_at_ms.saturating_sub(now_ms()),
                 }))
             }
         }

@@ -105,6 +105,7 @@ fn items_are_small() {
         - item_size(&key, &full_pool(4, 0, 1_000_000)))
         / 100;
     assert!(per_ticket <= 24, "{per_ticket} bytes per waiting ticket");
+    println!("count 32 fully held: {size32} B; count 1000: {size1000} B; per waiting ticket: {per_ticket} B");
     // Uncontended pools stay within one write unit.
     assert!(item_size(&key, &full_pool(4, 0, 1_000_000)) <= 1024);
 }
@@ -181,5 +182,79 @@ fn expressions_name_only_what_they_touch() {
     assert_eq!(
         e.update,
         "SET s[1] = if_not_exists(q[0], :v3), g[1] = f + :v4, f = f + :v5 REMOVE q[0], w[0]"
+    );
+}
+
+/// Every kind of write, as the planners make it on a small pool: (name, update).
+fn every_write() -> Vec<(&'static str, Update)> {
+    use crate::domain::{BorrowPlan, ReturnPlan, WaitPlan};
+    let now = NOW;
+    let mut writes = Vec::new();
+    let mut pool = Pool::new(2, now * 1000);
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(1, 10_000), now, now, 100) else {
+        panic!()
+    };
+    writes.push(("take", update.clone()));
+    pool = pool.apply(&update).unwrap();
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(2, 10_000), now, now, 100) else {
+        panic!()
+    };
+    pool = pool.apply(&update).unwrap();
+    let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 10_000).digest, now) else {
+        panic!()
+    };
+    writes.push(("return, nobody waiting", update));
+    let BorrowPlan::Join(update) = pool.plan_borrow(holder(3, 30_000), now + 25_000, now, 100)
+    else {
+        panic!()
+    };
+    writes.push(("join", update.clone()));
+    pool = pool.apply(&update).unwrap();
+    let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 10_000).digest, now) else {
+        panic!()
+    };
+    writes.push(("return, handing off", update.clone()));
+    let ReturnPlan::Cancel(update) = pool.plan_return(holder(3, 30_000).digest, now) else {
+        panic!()
+    };
+    writes.push(("cancel", update));
+    let ReturnPlan::Remember(update) = pool.plan_return(holder(7, 30_000).digest, now) else {
+        panic!()
+    };
+    writes.push(("remember a given-up id", update));
+    // A waiter hands an expired slot to the head (itself).
+    let later = now + 10_000;
+    let WaitPlan::Waiting {
+        duty: Some(update), ..
+    } = pool.plan_wait(&holder(3, 30_000), now, later)
+    else {
+        panic!()
+    };
+    writes.push(("a waiter hands a free slot on", update));
+    writes.push(("resize", pool.plan_resize(3, now).unwrap()));
+    writes
+}
+
+/// docs/DESIGN.md shows every write's exact expressions, as the code makes them.
+#[test]
+fn the_design_document_shows_every_write() {
+    let design = include_str!("../../../../docs/DESIGN.md");
+    let mut missing = Vec::new();
+    for (name, update) in every_write() {
+        let e = Expression::of(7, &update);
+        println!(
+            "{name}:\n  ConditionExpression: {}\n  UpdateExpression: {}",
+            e.condition, e.update
+        );
+        for expr in [&e.condition, &e.update] {
+            if !design.contains(expr.as_str()) {
+                missing.push(format!("{name}: {expr}"));
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "not in docs/DESIGN.md:\n{}",
+        missing.join("\n")
     );
 }
