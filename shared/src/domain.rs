@@ -13,8 +13,10 @@
 //! returns landing together serve two different tickets and neither
 //! conditions on the other's slot. A waiter learns of its grant by reading.
 //! A slot freed without a write (an expiry, a raised `count`) is handed to
-//! the head the same way by a waiter that sees it: the waiter `r` places from
-//! the front hands the `r`-th free slot, so readers never race for one slot.
+//! the head the same way by the head's waiter when it reads. Several slots
+//! free at once go to as many tickets in one write, lowest position first,
+//! written by whichever waiter owed one of them reads first (the others'
+//! identical writes then fail their conditions and find their grants).
 //!
 //! **Fairness.** A newcomer takes a free slot only when more slots are free
 //! than live tickets wait (they are owed that many); otherwise it joins the
@@ -30,6 +32,10 @@ pub const MAX_COUNT: u16 = 1000;
 /// removes, so that every expression stays far below DynamoDB's 4 KB limit;
 /// more take more writes.
 pub const MAX_PRUNE: usize = 32;
+
+/// Most slots one write hands to waiting tickets (when several free at
+/// once), for the same limit; the next read hands the rest.
+pub const MAX_HAND_OFFS: usize = 16;
 
 /// A ticket is dead (its owner gone) this long after its give-up time.
 /// Owners cancel their own ticket when they give up; the grace covers clock
@@ -239,12 +245,15 @@ pub enum Change {
         now_ms: u64,
     },
     /// `position` goes to the ticket at index `from` of the queue as the
-    /// write finds it (stamped `now_ms` with the next fence), or is left free
-    /// when there is none; tickets `0 ..= from` leave the queue. `from` is
-    /// the first live ticket as read, after dead ones the update expects.
+    /// write finds it (stamped `now_ms` with the write's `nth` fence: the
+    /// counter plus `nth`), or is left free when there is none; tickets
+    /// `0 ..= from` leave the queue. `from` is the first live ticket as read,
+    /// after dead ones the update expects (or, handing several slots at
+    /// once, a later live one, every ticket before it expected as read).
     HandOff {
         position: u16,
         from: usize,
+        nth: u16,
         now_ms: u64,
     },
     Free(u16),
@@ -267,8 +276,9 @@ pub enum Change {
     },
 }
 
-/// A conditional change: every expectation holds, or nothing changes. At
-/// most one change takes a fence (`Take`, `HandOff`); `Append` never with
+/// A conditional change: every expectation holds, or nothing changes. The
+/// changes that take a fence (one `Take`, or `HandOff`s) take the next ones
+/// in order (`nth` 0, 1, …); `Append` never with
 /// another queue change, nor `Extend`/`Truncate` with another slot change
 /// (DynamoDB cannot write a list and one of its elements in one update).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -317,14 +327,14 @@ pub enum WaitPlan {
     /// Its lease: a slot was handed to its ticket.
     Granted(Lease),
     /// Still in the queue: `ahead` live tickets before it, `free` slots free,
-    /// and its turn comes once `needed` more slots free up (0: a free slot is
-    /// handed to the head right now, by `duty`).
+    /// and its turn comes once `needed` more slots free up (0: the free slots
+    /// are handed on right now, by `duty`).
     Waiting {
         ahead: usize,
         free: u32,
         needed: usize,
-        /// A free slot this reader hands to the head of the queue: the
-        /// `ahead`-th free one, so that readers never race for one slot.
+        /// The free slots this reader hands on, being owed one of them: the
+        /// lowest to the head of the queue (several in one write).
         duty: Option<Update>,
     },
     /// Its ticket left the queue without a grant: cancelled by a return of
@@ -536,6 +546,11 @@ impl Pool {
     /// Any held slot's lease with this digest, live or not.
     pub fn lease_of(&self, digest: LeaseDigest) -> Option<Lease> {
         self.leases().into_iter().find(|l| l.digest == digest)
+    }
+
+    /// Whether the lease id with `digest` holds a live lease or waits.
+    pub fn asks(&self, digest: LeaseDigest, now_ms: u64) -> bool {
+        self.live_lease(digest, now_ms).is_some() || self.ticket_of(digest).is_some()
     }
 
     /// Where a ticket with this digest is in the queue.
@@ -827,8 +842,9 @@ impl Pool {
                 duty: None,
             };
         }
-        // This reader's duty: the `ahead`-th free slot goes to the head.
-        let duty = self.hand_off(free[ahead], now_ms);
+        // This reader is owed one of the free slots: they go to the tickets
+        // they are owed to, now.
+        let duty = self.hand_off_owed(&free, now_ms);
         WaitPlan::Waiting {
             ahead,
             free: free.len() as u32,
@@ -851,8 +867,44 @@ impl Pool {
         update.changes.push(Change::HandOff {
             position,
             from,
+            nth: 0,
             now_ms,
         });
+        Some(update)
+    }
+
+    /// An update that hands the `free` slots (lowest first) to as many live
+    /// tickets (in queue order), at most [`MAX_HAND_OFFS`] at once. One slot
+    /// goes to the head as the write finds it ([`Pool::hand_off`]); several
+    /// go in one write that expects every ticket up to the last one served
+    /// as read, so that each lands where it was meant to (a write handing
+    /// them one by one would grant a higher position while a lower one is
+    /// still free).
+    fn hand_off_owed(&self, free: &[u16], now_ms: u64) -> Option<Update> {
+        let (Some(first), dead) = self.head(now_ms)? else {
+            return None;
+        };
+        let served: Vec<usize> = (first..self.queue.len())
+            .filter(|&i| self.queue[i].is_live(now_ms))
+            .take(free.len().min(MAX_HAND_OFFS))
+            .take_while(|&i| i < dead + MAX_PRUNE)
+            .collect();
+        if served.len() <= 1 {
+            return self.hand_off(*free.first()?, now_ms);
+        }
+        let last = served[served.len() - 1];
+        let mut update = Update::default();
+        update.expect.extend(self.tickets_as_read(last + 1));
+        update.expect.push(Expect::Count(self.sizing()));
+        for (nth, (&position, &from)) in free.iter().zip(&served).enumerate() {
+            self.reuse(position, now_ms, &mut update);
+            update.changes.push(Change::HandOff {
+                position,
+                from,
+                nth: nth as u16,
+                now_ms,
+            });
+        }
         Some(update)
     }
 
@@ -1029,6 +1081,10 @@ impl Pool {
             update
                 .changes
                 .push(Change::Extend(usize::from(count) - len));
+        } else if count > self.count {
+            // A raise into slots kept past the old count (held after a
+            // shrink) needs them still there: a return may trim them first.
+            update.expect.push(Expect::SlotsLen(len));
         } else {
             if let Some(trim) = self.trim(count) {
                 update.expect.extend(trim.expect);
@@ -1073,8 +1129,10 @@ impl Pool {
                 Change::HandOff {
                     position,
                     from,
+                    nth,
                     now_ms,
                 } => {
+                    let fence = fence + u64::from(nth);
                     let slot = match self.queue.get(from) {
                         Some(ticket) => Slot::Held {
                             holder: ticket.holder,
@@ -1087,7 +1145,7 @@ impl Pool {
                         None => Slot::Free,
                     };
                     next.set_slot(position, slot);
-                    next.next_fence = fence + 1;
+                    next.next_fence = next.next_fence.max(fence + 1);
                     removed.extend(0..=from);
                 }
                 Change::Free(position) => next.set_slot(position, Slot::Free),

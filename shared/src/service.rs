@@ -360,12 +360,17 @@ impl Service {
                 // Deleted and registered again: the lease ended with the delete.
                 return Ok(false);
             }
-            let (held, update) = match record.pool.plan_return(digest, now_ms()) {
-                ReturnPlan::Return(held, update) => (Some(held), update),
-                ReturnPlan::Cancel(update) | ReturnPlan::Remember(update) => (None, update),
+            let (held, update, remember) = match record.pool.plan_return(digest, now_ms()) {
+                ReturnPlan::Return(held, update) => (Some(held), update, false),
+                ReturnPlan::Cancel(update) => (None, update, false),
+                ReturnPlan::Remember(update) => (None, update, true),
                 ReturnPlan::Expired(_) | ReturnPlan::Remembered => return Ok(false),
             };
             let fresh = match ctx.write(&key, &record, &update).await {
+                // Its borrow's take or ticket landed between our read and
+                // the tombstone (which they are conditioned against, but not
+                // it against them): give that up too, as if read first.
+                Ok(Updated::Written(new)) if remember && new.pool.asks(digest, now_ms()) => new,
                 Ok(Updated::Written(_)) => return Ok(held.is_some()),
                 Ok(Updated::Gone) => return Err(Error::PoolNotFound),
                 Ok(Updated::Lost(fresh)) => {

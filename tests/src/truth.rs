@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
-use semaphore::domain::{Change, LeaseDigest, Update};
+use semaphore::domain::{Change, LeaseDigest, Ticket, Update};
 use semaphore::keys::{LeaseId, PoolKey};
 use semaphore::service::now_ms;
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
@@ -40,6 +40,8 @@ pub struct StoredLease {
     pub position: u16,
     pub fence: u64,
     pub expires_at_ms: u64,
+    /// The grant's time as its write stamped it.
+    pub granted_ms: u64,
     /// When the store call that first returned it started: no later than
     /// its write (every write returns the item through the recorder).
     pub first_seen_ms: u64,
@@ -47,11 +49,14 @@ pub struct StoredLease {
     /// it was written: the delete's start, or the write's if that was later
     /// (a write lands only on a pool that exists).
     pub deleted_ms: Option<u64>,
+    /// When a record of its pool was first seen without it (returned, or its
+    /// slot reused): it had ended by then.
+    pub gone_ms: Option<u64>,
     /// The API call that wrote it, if known (see [`CALLER`]).
     pub caller: Option<u64>,
-    /// The borrow that queued for it, when a hand-off granted it: the lease
-    /// is in flight until that borrow answers, as a take's is until its own
-    /// call answers.
+    /// The borrow that asked for it (wrote a take or a ticket with its id):
+    /// the lease is in flight until that borrow answers, also when another
+    /// call's hand-off granted it.
     pub borrower: Option<u64>,
 }
 
@@ -61,6 +66,7 @@ impl StoredLease {
     pub fn held_after(&self, from: u64) -> u64 {
         self.expires_at_ms
             .min(self.deleted_ms.unwrap_or(u64::MAX))
+            .min(self.gone_ms.unwrap_or(u64::MAX))
             .saturating_sub(from)
     }
 }
@@ -69,8 +75,10 @@ impl StoredLease {
 #[derive(Default)]
 pub struct Truth {
     seen: Mutex<HashMap<(PoolKey, u64), StoredLease>>,
-    /// The call that queued each lease id for a pool (its borrow).
-    queued: Mutex<HashMap<(PoolKey, LeaseDigest), u64>>,
+    /// The call that asked for each lease id of a pool (its borrow).
+    asked: Mutex<HashMap<(PoolKey, LeaseDigest), u64>>,
+    /// Per pool, the fences of the leases seen and not yet seen gone.
+    open: Mutex<HashMap<PoolKey, HashSet<u64>>>,
     /// When each delete that removed a pool started and returned, by pool.
     deletes: Mutex<HashMap<PoolKey, Vec<(u64, u64)>>>,
 }
@@ -80,11 +88,11 @@ impl Truth {
     /// its write.
     pub fn leases(&self) -> Vec<StoredLease> {
         let deletes = lock(&self.deletes);
-        let queued = lock(&self.queued);
+        let asked = lock(&self.asked);
         lock(&self.seen)
             .values()
             .map(|lease| StoredLease {
-                borrower: queued.get(&(lease.key, lease.digest)).copied(),
+                borrower: asked.get(&(lease.key, lease.digest)).copied(),
                 // The first delete that returned after the write removed
                 // it, at some instant in that delete's call: judged at the
                 // earliest, as the checker judges every call.
@@ -102,12 +110,35 @@ impl Truth {
     }
 
     /// Records the leases of `record`, returned by a call started at
-    /// `since`; `granting`: the position the call's update granted, if any —
-    /// that call wrote the lease there (a take, or a hand-off by a return
-    /// or a waiter to the head of the queue).
-    fn saw(&self, key: &PoolKey, record: &Record, since: u64, granting: Option<u16>) {
+    /// `since`; `granting`: the positions the call's update granted — that
+    /// call wrote the leases there (a take, or hand-offs by a return or a
+    /// waiter to the queue).
+    fn saw(&self, key: &PoolKey, record: &Record, since: u64, granting: &[u16]) {
         let caller = CALLER.try_with(|c| *c).ok();
         let mut seen = lock(&self.seen);
+        // Leases of this incarnation granted before this record's state
+        // (below its fence counter) and not in it have ended by now; one
+        // granted after it says nothing (a read can answer after a grant it
+        // did not see).
+        let held: HashSet<u64> = record.pool.leases().iter().map(|l| l.fence).collect();
+        let (base, next) = (record.pool.base_us(), record.pool.next_fence());
+        let mut open = lock(&self.open);
+        let open = open.entry(*key).or_default();
+        let now = now_ms();
+        open.retain(|fence| {
+            if *fence <= base {
+                // Of an earlier incarnation: its pool's delete ended it.
+                return false;
+            }
+            if held.contains(fence) || *fence >= base.saturating_add(next) {
+                return true;
+            }
+            if let Some(lease) = seen.get_mut(&(*key, *fence)) {
+                lease.gone_ms = Some(lease.gone_ms.map_or(now, |g| g.min(now)));
+            }
+            false
+        });
+        open.extend(held);
         for lease in record.pool.leases() {
             // Fences are unique per pool id, even across incarnations.
             let entry = seen.entry((*key, lease.fence)).or_insert(StoredLease {
@@ -116,14 +147,16 @@ impl Truth {
                 position: lease.position,
                 fence: lease.fence,
                 expires_at_ms: lease.expires_at_ms,
+                granted_ms: lease.granted_ms,
                 first_seen_ms: since,
                 deleted_ms: None,
+                gone_ms: None,
                 caller: None,
                 borrower: None,
             });
             let new = entry.first_seen_ms >= since;
             entry.first_seen_ms = entry.first_seen_ms.min(since);
-            if new && granting == Some(lease.position) {
+            if new && granting.contains(&lease.position) {
                 entry.caller = caller;
             }
         }
@@ -153,7 +186,7 @@ impl PoolStore for Recorder {
         let since = now_ms();
         let loaded = self.inner.load(key).await?;
         if let Some(record) = &loaded {
-            self.truth.saw(key, record, since, None);
+            self.truth.saw(key, record, since, &[]);
         }
         Ok(loaded)
     }
@@ -162,7 +195,7 @@ impl PoolStore for Recorder {
         let since = now_ms();
         let created = self.inner.create(key, record).await?;
         match &created {
-            Created::Created(now) | Created::Exists(now) => self.truth.saw(key, now, since, None),
+            Created::Created(now) | Created::Exists(now) => self.truth.saw(key, now, since, &[]),
         }
         Ok(created)
     }
@@ -174,20 +207,25 @@ impl PoolStore for Recorder {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let since = now_ms();
-        let granting = update.changes.iter().find_map(|c| match *c {
-            Change::Take { position, .. } | Change::HandOff { position, .. } => Some(position),
-            _ => None,
-        });
+        let granting: Vec<u16> = update
+            .changes
+            .iter()
+            .filter_map(|c| match *c {
+                Change::Take { position, .. } | Change::HandOff { position, .. } => Some(position),
+                _ => None,
+            })
+            .collect();
         if let Ok(caller) = CALLER.try_with(|c| *c) {
             for change in &update.changes {
-                if let Change::Append(ticket) = change {
-                    lock(&self.truth.queued).insert((*key, ticket.holder.digest), caller);
+                if let Change::Append(Ticket { holder, .. }) | Change::Take { holder, .. } = change
+                {
+                    lock(&self.truth.asked).insert((*key, holder.digest), caller);
                 }
             }
         }
         let updated = self.inner.update(key, incarnation, update).await?;
         if let Updated::Written(now) | Updated::Lost(now) = &updated {
-            self.truth.saw(key, now, since, granting);
+            self.truth.saw(key, now, since, &granting);
         }
         Ok(updated)
     }
@@ -205,8 +243,8 @@ impl PoolStore for Recorder {
     }
 }
 
-/// Leases stored that no client was told about, and how long they held
-/// their positions in all.
+/// Leases stored that held their positions while no client was told about
+/// them, and for how long in all.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Orphans {
     pub leases: Vec<StoredLease>,
@@ -264,8 +302,13 @@ pub fn orphans(truth: &[StoredLease], ops: &[Op], callers: &HashMap<u64, usize>)
             let answered = answer(lease.caller)
                 .unwrap_or(lease.first_seen_ms)
                 .max(answer(lease.borrower).unwrap_or(0));
-            found.slot_ms += lease.held_after(answered);
-            found.leases.push(*lease);
+            // Not before its grant: a waiter may die before a slot is
+            // handed to its ticket.
+            let held = lease.held_after(answered.max(lease.granted_ms));
+            if held > 0 {
+                found.slot_ms += held;
+                found.leases.push(*lease);
+            }
         }
     }
     found

@@ -37,7 +37,7 @@ pub struct Workload {
     pub weights: [u32; KINDS],
 }
 
-pub const KINDS: usize = 9;
+pub const KINDS: usize = 11;
 
 /// What a client does next (index into `Workload::weights`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +51,11 @@ pub enum Kind {
     Resize,
     Inspect,
     DeleteAndRegister,
+    /// A borrow that waits with a lease UUID of the client's, given up part
+    /// way: the client sends the return of that UUID while it waits.
+    BorrowGivingUp,
+    /// A borrow whose client dies while it waits: no cancel, no answer.
+    BorrowDying,
 }
 
 const ALL_KINDS: [Kind; KINDS] = [
@@ -63,6 +68,8 @@ const ALL_KINDS: [Kind; KINDS] = [
     Kind::Resize,
     Kind::Inspect,
     Kind::DeleteAndRegister,
+    Kind::BorrowGivingUp,
+    Kind::BorrowDying,
 ];
 
 impl Workload {
@@ -78,8 +85,15 @@ impl Workload {
             wait_ms: (50, 600),
             max_count: 5,
             think_ms: 10,
-            weights: [24, 18, 24, 4, 4, 3, 7, 8, 1],
+            weights: [24, 18, 24, 4, 4, 3, 7, 8, 1, 6, 0],
         }
+    }
+
+    /// With clients that die while their borrow waits (`weight` of them in
+    /// the mix).
+    pub fn with_dying_waiters(mut self, weight: u32) -> Self {
+        self.weights[Kind::BorrowDying as usize] = weight;
+        self
     }
 }
 
@@ -162,6 +176,20 @@ pub async fn call(
     pool: &str,
     what: Call,
 ) -> (u16, serde_json::Value) {
+    call_or_die(api, history, client, pool, what, None).await
+}
+
+/// [`call`], but the client dies after `die_after` if the call has not
+/// answered by then: its future is dropped (no cancel, no answer), and the
+/// call is recorded with status [`NO_ANSWER`](crate::history::NO_ANSWER).
+pub async fn call_or_die(
+    api: &ApiClient,
+    history: &History,
+    client: usize,
+    pool: &str,
+    what: Call,
+    die_after: Option<Duration>,
+) -> (u16, serde_json::Value) {
     let (method, path, body) = match &what {
         Call::Register { count } => (
             "PUT",
@@ -170,14 +198,25 @@ pub async fn call(
         ),
         Call::Inspect => ("GET", format!("/l/{pool}"), String::new()),
         Call::Delete => ("DELETE", format!("/l/{pool}"), String::new()),
-        Call::Borrow { ttl_ms, wait_ms } => (
+        Call::Borrow {
+            ttl_ms,
+            wait_ms,
+            lease,
+        } => (
             "POST",
             format!("/l/{pool}/borrow"),
-            format!(
-                r#"{{"ttl":{},"wait":{}}}"#,
-                seconds(*ttl_ms),
-                seconds(*wait_ms)
-            ),
+            match lease {
+                Some(lease) => format!(
+                    r#"{{"ttl":{},"wait":{},"lease":"{lease}"}}"#,
+                    seconds(*ttl_ms),
+                    seconds(*wait_ms)
+                ),
+                None => format!(
+                    r#"{{"ttl":{},"wait":{}}}"#,
+                    seconds(*ttl_ms),
+                    seconds(*wait_ms)
+                ),
+            },
         ),
         Call::Return { lease } => (
             "POST",
@@ -187,21 +226,31 @@ pub async fn call(
     };
     let caller = truth::next_caller();
     let invoke_ms = now_ms();
-    let response = truth::CALLER
-        .scope(caller, api.raw(method, &path, body.as_bytes(), None))
-        .await;
+    let request = truth::CALLER.scope(caller, api.raw(method, &path, body.as_bytes(), None));
+    let (status, body) = match die_after {
+        None => {
+            let response = request.await;
+            (response.status, response.body)
+        }
+        Some(after) => {
+            tokio::select! {
+                response = request => (response.status, response.body),
+                _ = tokio::time::sleep(after) => (crate::history::NO_ANSWER, serde_json::Value::Null),
+            }
+        }
+    };
     let response_ms = now_ms();
     let index = history.record(Op {
         client,
         pool: pool.to_string(),
         call: what,
-        status: response.status,
-        body: response.body.clone(),
+        status,
+        body: body.clone(),
         invoke_ms,
         response_ms,
     });
     history.note_caller(caller, index);
-    (response.status, response.body)
+    (status, body)
 }
 
 /// Milliseconds as the JSON seconds the API takes (fractions allowed).
@@ -298,14 +347,108 @@ impl Client {
                 let count = self.rng.range(1, u64::from(self.workload.max_count)) as u32;
                 self.send(pool, Call::Register { count }).await;
             }
+            Kind::BorrowGivingUp => self.borrow_giving_up(pool).await,
+            Kind::BorrowDying => {
+                let ttl_ms = self.ttl();
+                let wait_ms = self.wait();
+                let die_after = Duration::from_millis(self.rng.range(1, wait_ms));
+                let instance = self.instance();
+                let borrow = Call::Borrow {
+                    ttl_ms,
+                    wait_ms,
+                    lease: None,
+                };
+                let id = self.pools[pool].clone();
+                call_or_die(
+                    &self.instances[instance],
+                    &self.history,
+                    self.id,
+                    &id,
+                    borrow,
+                    Some(die_after),
+                )
+                .await;
+                // Whatever it got, it is gone: nothing is held by it.
+            }
+        }
+    }
+
+    fn ttl(&mut self) -> u64 {
+        self.rng
+            .range(self.workload.ttl_ms.0, self.workload.ttl_ms.1)
+    }
+
+    fn wait(&mut self) -> u64 {
+        self.rng
+            .range(self.workload.wait_ms.0, self.workload.wait_ms.1)
+    }
+
+    fn instance(&mut self) -> usize {
+        self.rng.range(0, self.instances.len() as u64 - 1) as usize
+    }
+
+    /// A waiting borrow with its own lease UUID, and, part way through its
+    /// wait, the return of that UUID (sent on another instance, as a client
+    /// giving up would); a lease it was granted and the return did not end
+    /// is held.
+    async fn borrow_giving_up(&mut self, pool: usize) {
+        let ttl_ms = self.ttl();
+        let wait_ms = self.wait();
+        let lease = self.random_uuid();
+        // After its borrow has surely reached the pool (a return that
+        // overtakes it is remembered, within limits, and tested apart).
+        let give_up_after = Duration::from_millis(self.rng.range(20.min(wait_ms), wait_ms));
+        let (borrow_at, return_at) = (self.instance(), self.instance());
+        let id = self.pools[pool].clone();
+        let borrow = call(
+            &self.instances[borrow_at],
+            &self.history,
+            self.id,
+            &id,
+            Call::Borrow {
+                ttl_ms,
+                wait_ms,
+                lease: Some(lease.clone()),
+            },
+        );
+        let give_up = async {
+            tokio::time::sleep(give_up_after).await;
+            call(
+                &self.instances[return_at],
+                &self.history,
+                self.id,
+                &id,
+                Call::Return {
+                    lease: lease.clone(),
+                },
+            )
+            .await
+        };
+        let ((status, body), (_, returned)) = tokio::join!(borrow, give_up);
+        let ttl = body["expires_in"].as_f64();
+        if let (200, Some(false), Some(ttl)) = (status, returned["returned"].as_bool(), ttl) {
+            // Granted after the return was answered: held (the checker flags
+            // this if the return came before the grant).
+            self.held.push(Held {
+                pool,
+                lease,
+                expired_by_ms: now_ms() + (ttl * 1000.0).round() as u64,
+            });
         }
     }
 
     async fn borrow(&mut self, pool: usize, wait_ms: u64) {
-        let ttl_ms = self
-            .rng
-            .range(self.workload.ttl_ms.0, self.workload.ttl_ms.1);
-        let (status, body) = self.send(pool, Call::Borrow { ttl_ms, wait_ms }).await;
+        let ttl_ms = self.ttl();
+        let (status, body) = self
+            .send(
+                pool,
+                Call::Borrow {
+                    ttl_ms,
+                    wait_ms,
+                    lease: None,
+                },
+            )
+            .await;
         let lease = body["lease"].as_str().map(str::to_owned);
         let ttl = body["expires_in"].as_f64();
         if let (200, Some(lease), Some(ttl)) = (status, lease, ttl) {
@@ -340,7 +483,7 @@ impl Client {
     /// One call on a random instance; the pool id is sometimes sent in upper
     /// case (ids are case-insensitive).
     async fn send(&mut self, pool: usize, what: Call) -> (u16, serde_json::Value) {
-        let instance = self.rng.range(0, self.instances.len() as u64 - 1) as usize;
+        let instance = self.instance();
         let id = if self.rng.chance(0.05) {
             self.pools[pool].to_uppercase()
         } else {

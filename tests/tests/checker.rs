@@ -53,7 +53,11 @@ fn granted(
         // As the server's: rising with the grant's time.
         "fence": (T + from) * 1000 + u64::from(n),
     });
-    let call = Call::Borrow { ttl_ms, wait_ms: 0 };
+    let call = Call::Borrow {
+        ttl_ms,
+        wait_ms: 0,
+        lease: None,
+    };
     op(client, pool, call, 200, body, from, to)
 }
 
@@ -77,6 +81,7 @@ fn granted_after_wait(
     op.call = Call::Borrow {
         ttl_ms: 1000,
         wait_ms: 500,
+        lease: None,
     };
     op
 }
@@ -89,6 +94,7 @@ fn refused(client: usize, pool: &str, wait_ms: u64, from: u64, to: u64) -> Op {
         Call::Borrow {
             ttl_ms: 1000,
             wait_ms,
+            lease: None,
         },
         409,
         body,
@@ -316,6 +322,7 @@ fn a_borrow_told_not_found_may_have_held_a_position_until_its_answer() {
     let borrow = Call::Borrow {
         ttl_ms: 1000,
         wait_ms: 0,
+        lease: None,
     };
     let ops = vec![
         register(P, 3, 0, 0, 1),
@@ -402,6 +409,7 @@ fn unknown_outcomes_are_not_violations() {
             Call::Borrow {
                 ttl_ms: 200,
                 wait_ms: 0,
+                lease: None,
             },
             502,
             error.clone(),
@@ -516,8 +524,10 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
         position: 0,
         fence: 1,
         expires_at_ms: T + 3_600_000,
+        granted_ms: T + 12,
         first_seen_ms: T + 15,
         deleted_ms: None,
+        gone_ms: None,
         caller: None,
         borrower: None,
     };
@@ -528,6 +538,7 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
         Call::Borrow {
             ttl_ms: 3_600_000,
             wait_ms: 0,
+            lease: None,
         },
         502,
         error,
@@ -548,6 +559,16 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
         orphans(&[lease], &history, &written_by).slot_ms,
         3_600_000 - 20
     );
+    // Gone (deleted with its pool) before its writer answered: held by
+    // nobody untold, so no orphan at all.
+    let deleted = StoredLease {
+        deleted_ms: Some(T + 18),
+        ..lease
+    };
+    assert_eq!(
+        orphans(&[deleted], &history, &written_by),
+        Default::default()
+    );
     assert_eq!(found.violations()[0].rule, Rule::OrphanedSlot);
     // Told about in a 200: no orphan.
     let told = granted(1, P, 1, 0, 3_600_000, 10, 20);
@@ -555,4 +576,111 @@ fn a_lease_nobody_was_told_about_is_an_orphaned_slot() {
         orphans(&[stored(1)], &[told], &Default::default()).slot_ms,
         0
     );
+}
+
+/// A borrow with lease UUID `n` that waited and was granted at `granted_at`.
+fn granted_as(n: u32, from: u64, granted_at: u64, to: u64) -> Op {
+    let mut op = granted_after_wait(3, P, n, 0, from, granted_at, to);
+    op.call = Call::Borrow {
+        ttl_ms: 1000,
+        wait_ms: 500,
+        lease: Some(lease(n)),
+    };
+    op
+}
+
+#[test]
+fn a_borrow_granted_after_its_wait_was_given_up_is_flagged() {
+    // Its client gave up (the return found it waiting: `false`), then it was
+    // granted all the same: a slot handed to a client that left.
+    // Granted at +300 for 850 ms: it expires in the second after T+1000,
+    // so it was granted after +150, after the return answered.
+    let mut late = granted_as(7, 10, 300, 302);
+    late.call = Call::Borrow {
+        ttl_ms: 850,
+        wait_ms: 500,
+        lease: Some(lease(7)),
+    };
+    late.body["expires_in"] = json!(0.848);
+    late.body["expires_at_unix"] = json!((T + 1150) / 1000);
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 5, 6),
+        returned(1, P, 1, true, 300, 301),
+        returned(3, P, 7, false, 100, 110),
+        late,
+    ];
+    assert_flags(&ops, &strict(), Rule::GrantedAfterGivingUp);
+    // Given up after the grant: the return ends the lease (`true`).
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        granted(1, P, 1, 0, 1000, 5, 6),
+        returned(1, P, 1, true, 300, 301),
+        granted_as(7, 10, 300, 302),
+        returned(3, P, 7, true, 310, 311),
+    ];
+    assert_clean(&ops, &strict());
+    // A short grant (50 ms) that ended before the return (`false`: nothing
+    // held) and was answered after it, its time left the least there is.
+    let mut short = granted_as(7, 10, 60, 302);
+    short.call = Call::Borrow {
+        ttl_ms: 50,
+        wait_ms: 500,
+        lease: Some(lease(7)),
+    };
+    short.body["expires_in"] = json!(0.001);
+    short.body["expires_at_unix"] = json!((T + 302) / 1000);
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        returned(3, P, 7, false, 200, 210),
+        short,
+    ];
+    assert_clean(&ops, &strict());
+}
+
+#[test]
+fn a_return_that_takes_back_the_grant_of_a_given_up_borrow_is_no_dead_return() {
+    // Handed a slot just as it was given up: the return frees that slot
+    // (`true`), and the borrow answers 409.
+    let mut borrow = refused(3, P, 500, 10, 120);
+    borrow.call = Call::Borrow {
+        ttl_ms: 1000,
+        wait_ms: 500,
+        lease: Some(lease(7)),
+    };
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        borrow.clone(),
+        returned(4, P, 7, true, 100, 105),
+    ];
+    assert_clean(&ops, &strict());
+    // A return sent after the borrow answered has nothing to take back.
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        borrow,
+        returned(4, P, 7, true, 130, 135),
+    ];
+    assert_flags(&ops, &strict(), Rule::ReturnedDeadLease);
+}
+
+#[test]
+fn a_given_up_borrow_refused_early_lost_no_wake_up() {
+    // A slot is free all through the borrow's call, yet it is refused: its
+    // own return gave it up (it arrived after the return, or the return took
+    // its ticket out of the queue).
+    let mut borrow = refused(3, P, 500, 10, 40);
+    borrow.call = Call::Borrow {
+        ttl_ms: 1000,
+        wait_ms: 500,
+        lease: Some(lease(7)),
+    };
+    let ops = vec![
+        register(P, 1, 0, 0, 1),
+        returned(3, P, 7, false, 5, 8),
+        borrow.clone(),
+    ];
+    assert_clean(&ops, &strict());
+    // Without the return, that refusal is a lost wake-up.
+    let ops = vec![register(P, 1, 0, 0, 1), borrow];
+    assert_flags(&ops, &strict(), Rule::LostWakeup);
 }

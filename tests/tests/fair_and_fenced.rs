@@ -3,9 +3,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use async_trait::async_trait;
+use semaphore::domain::{Change, Update};
+use semaphore::keys::PoolKey;
+use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 use semaphore::Limits;
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use serde_json::Value;
+use tokio::sync::{oneshot, Mutex};
 
 macro_rules! on_both_stores {
     ($($name:ident),* $(,)?) => {
@@ -29,6 +34,8 @@ on_both_stores!(
     a_newcomer_never_takes_a_slot_an_earlier_waiter_waits_for,
     a_full_queue_refuses_at_once,
     a_waiter_that_gives_up_leaves_no_trace,
+    a_return_whose_borrow_lands_just_before_its_tombstone_gives_it_up,
+    slots_freed_together_go_lowest_first_in_arrival_order,
 );
 
 /// `instances` services over one store, as Lambda containers share a table.
@@ -208,6 +215,56 @@ async fn waiters_are_served_in_arrival_order(backend: Backend) {
     assert!(grants.windows(2).all(|w| w[0].2 <= w[1].2));
 }
 
+/// Three waiters on a full pool; two slots free at once (a raise, then two
+/// leases expiring together): the first waiter gets the lowest position,
+/// the second the next, and the third waits on. Each waiter is granted the
+/// lowest position free at its grant, as every borrow is.
+async fn slots_freed_together_go_lowest_first_in_arrival_order(backend: Backend) {
+    let apis = instances(backend, 3, Limits::default()).await;
+    for round in 0..4 {
+        let id = pool_id();
+        apis[0].register(&id, 3).await;
+        for _ in 0..3 {
+            apis[0].borrow(&id, 30.0, 0.0).await;
+        }
+        let mut waiters = Vec::new();
+        for i in 0..3usize {
+            let (api, pool) = (apis[i].clone(), id.clone());
+            waiters.push(tokio::spawn(
+                async move { api.borrow(&pool, 0.5, 3.0).await },
+            ));
+            // Arrival order: each joins before the next.
+            while apis[0].inspect(&id).await.1["waiting"] != i + 1 {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+        // Wait until every waiter has read at least once more.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        apis[0].register(&id, 5).await;
+        let mut positions = Vec::new();
+        for waiter in waiters.drain(..2) {
+            let (status, body) = waiter.await.unwrap();
+            assert_eq!(status, 200, "round {round}: {body}");
+            positions.push(body["position"].as_u64().unwrap());
+        }
+        assert_eq!(positions, [3, 4], "round {round}: after a raise");
+        // Leases 3 and 4 (0.5 s) expire together; the third waiter and a
+        // fourth that joins now get them, lowest first.
+        let (api, id2) = (apis[1].clone(), id.clone());
+        let fourth = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            api.borrow(&id2, 0.5, 3.0).await
+        });
+        let third = waiters.pop().unwrap().await.unwrap();
+        let fourth = fourth.await.unwrap();
+        assert_eq!(
+            (third.1["position"].as_u64(), fourth.1["position"].as_u64()),
+            (Some(3), Some(4)),
+            "round {round}: after expiries: {third:?} {fourth:?}"
+        );
+    }
+}
+
 /// A slot freed while a borrower waits is the waiter's: a newcomer that
 /// arrives right after the return gets 409, however quick it is.
 async fn a_newcomer_never_takes_a_slot_an_earlier_waiter_waits_for(backend: Backend) {
@@ -275,4 +332,127 @@ async fn a_waiter_that_gives_up_leaves_no_trace(backend: Backend) {
         .await;
     let (status, body) = api.borrow(&id, 30.0, 0.0).await;
     assert_eq!((status, body["position"].as_u64()), (200, Some(0)));
+}
+
+/// Holds the first tombstone write back: tells `reached`, then waits for
+/// `go` before it lets the write through.
+struct HoldsTheTombstone {
+    inner: Arc<dyn PoolStore>,
+    reached: Mutex<Option<oneshot::Sender<()>>>,
+    go: Mutex<Option<oneshot::Receiver<()>>>,
+}
+
+#[async_trait]
+impl PoolStore for HoldsTheTombstone {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        self.inner.load(key).await
+    }
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        self.inner.create(key, record).await
+    }
+    async fn update(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        if update
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::SetTomb(_)))
+        {
+            if let Some(reached) = self.reached.lock().await.take() {
+                let _ = reached.send(());
+                if let Some(go) = self.go.lock().await.take() {
+                    let _ = go.await;
+                }
+            }
+        }
+        self.inner.update(key, incarnation, update).await
+    }
+    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+}
+
+/// A return reads the pool before its borrow's take or ticket lands, and
+/// its tombstone lands after: the return still gives that borrow up (the
+/// take is returned, the ticket cancelled), as if it had read them.
+async fn a_return_whose_borrow_lands_just_before_its_tombstone_gives_it_up(backend: Backend) {
+    let store = backend.store().await;
+    let plain = Arc::new(ApiClient::new(store.clone(), Limits::default()));
+    for full in [false, true] {
+        let id = pool_id();
+        plain.register(&id, 1).await;
+        let holder = if full {
+            let (_, body) = plain.borrow(&id, 30.0, 0.0).await;
+            Some(body["lease"].as_str().unwrap().to_string())
+        } else {
+            None
+        };
+        let (reached, reached_rx) = oneshot::channel();
+        let (go_tx, go) = oneshot::channel();
+        let holding = ApiClient::new(
+            Arc::new(HoldsTheTombstone {
+                inner: store.clone(),
+                reached: Mutex::new(Some(reached)),
+                go: Mutex::new(Some(go)),
+            }),
+            Limits::default(),
+        );
+        let lease = uuid::Uuid::new_v4().to_string();
+        let giving_up = {
+            let (id, lease) = (id.clone(), lease.clone());
+            tokio::spawn(async move { holding.return_lease(&id, &lease).await })
+        };
+        reached_rx.await.unwrap();
+        // The borrow lands between the return's read and its tombstone.
+        let borrow = {
+            let (plain, id, lease) = (plain.clone(), id.clone(), lease.clone());
+            tokio::spawn(async move { borrow_as(&plain, &id, &lease, 30.0, 10.0).await })
+        };
+        if full {
+            while plain.inspect(&id).await.1["waiting"] != 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } else {
+            while plain.inspect(&id).await.1["in_use"] != 1 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        go_tx.send(()).unwrap();
+        let (status, returned) = giving_up.await.unwrap();
+        // Its take held a slot: that is freed (`true`); its ticket held
+        // nothing: that leaves the queue (`false`).
+        assert_eq!(
+            (status, returned["returned"].as_bool()),
+            (200, Some(!full)),
+            "full: {full}"
+        );
+        let state = plain.inspect(&id).await.1;
+        assert_eq!(state["waiting"], 0, "full: {full}: {state}");
+        assert_eq!(state["in_use"], u32::from(full), "full: {full}: {state}");
+        let started = Instant::now();
+        let (status, _) = borrow.await.unwrap();
+        if full {
+            assert_eq!(status, 409, "the given-up waiter is refused");
+            assert!(
+                started.elapsed() < Duration::from_secs(3),
+                "{:?}",
+                started.elapsed()
+            );
+            plain.return_lease(&id, holder.as_deref().unwrap()).await;
+        } else {
+            assert_eq!(
+                status, 200,
+                "its take had landed: answered before the return"
+            );
+        }
+        let (status, body) = plain.borrow(&id, 30.0, 0.0).await;
+        assert_eq!(
+            (status, body["position"].as_u64()),
+            (200, Some(0)),
+            "nothing stays held"
+        );
+    }
 }

@@ -127,6 +127,7 @@ fn a_return_with_waiters_hands_its_slot_to_the_head_without_naming_it() {
         vec![Change::HandOff {
             position: 0,
             from: 0,
+            nth: 0,
             now_ms: 2
         }]
     );
@@ -243,8 +244,9 @@ fn readers_hand_the_slots_of_a_raise_to_the_queue_in_order() {
     }
     pool = pool.apply(&pool.plan_resize(3, 1).unwrap()).unwrap();
     assert_eq!(pool.slots().len(), 3);
-    // Two slots free: the readers one and two places from the front each
-    // hand one; the third waits.
+    // Two slots free: the readers one and two places from the front are
+    // each owed one, and each plans the one write that serves both; the
+    // third waits.
     let WaitPlan::Waiting {
         duty: Some(first), ..
     } = pool.plan_wait(&h(2, 500), 0, 2)
@@ -257,6 +259,10 @@ fn readers_hand_the_slots_of_a_raise_to_the_queue_in_order() {
     else {
         panic!()
     };
+    assert_eq!(
+        first, second,
+        "every reader owed a slot plans the same write"
+    );
     assert!(matches!(
         pool.plan_wait(&h(4, 500), 0, 2),
         WaitPlan::Waiting {
@@ -266,12 +272,20 @@ fn readers_hand_the_slots_of_a_raise_to_the_queue_in_order() {
             ..
         }
     ));
-    // Landing in either order, the first two in line get them.
+    // Whichever lands first serves the first two in line, lowest position
+    // first, with the next two fences; the other then fails its conditions.
+    let fence = pool.next_fence;
     pool = pool.apply(&second).unwrap();
-    pool = pool.apply(&first).unwrap();
-    let mut served: Vec<LeaseDigest> = [1, 2].iter().filter_map(|&p| holder_at(&pool, p)).collect();
-    served.sort();
-    assert_eq!(served, vec![d(2), d(3)]);
+    assert!(pool.apply(&first).is_err());
+    assert_eq!(
+        (holder_at(&pool, 1), holder_at(&pool, 2)),
+        (Some(d(2)), Some(d(3)))
+    );
+    let fences: Vec<u64> = pool.leases()[1..]
+        .iter()
+        .map(|l| l.fence - pool.base_us)
+        .collect();
+    assert_eq!(fences, [fence, fence + 1]);
     assert_eq!(pool.queue().len(), 1);
 }
 
@@ -428,6 +442,30 @@ fn a_shrink_keeps_live_leases_withholds_borrows_and_trims_freed_slots() {
 }
 
 #[test]
+fn a_raise_into_slots_kept_past_a_shrink_conflicts_with_their_trim() {
+    let mut pool = Pool::new(4, 0);
+    for n in 0..4 {
+        borrow(&mut pool, n, 100, 0);
+    }
+    pool = pool.apply(&pool.plan_resize(2, 1).unwrap()).unwrap();
+    // Both planned from one read: the raise counts on position 3, which the
+    // return of its lease trims.
+    let raise = pool.plan_resize(4, 2).unwrap();
+    let ReturnPlan::Return(_, trim) = pool.plan_return(d(3), 2) else {
+        panic!()
+    };
+    let trimmed = pool.apply(&trim).unwrap();
+    assert_eq!(trimmed.slots().len(), 3);
+    assert_eq!(
+        trimmed.apply(&raise).err(),
+        Some(ConditionFailed(Expect::SlotsLen(4))),
+        "count 4 over 3 slots would be an unreadable pool"
+    );
+    let raised = trimmed.apply(&trimmed.plan_resize(4, 3).unwrap()).unwrap();
+    assert_eq!((raised.count(), raised.slots().len()), (4, 4));
+}
+
+#[test]
 fn a_return_after_a_shrink_hands_off_only_what_count_allows() {
     let mut pool = Pool::new(3, 0);
     for n in 0..3 {
@@ -562,13 +600,29 @@ mod props {
         );
         prop_assert!(rebuilt.is_ok(), "invariants broken: {:?}", rebuilt);
         let old: Vec<u64> = prev.leases().iter().map(|l| l.fence).collect();
-        let granted: Vec<Lease> = next
+        let mut granted: Vec<Lease> = next
             .leases()
             .into_iter()
             .filter(|l| !old.contains(&l.fence))
             .collect();
-        prop_assert!(granted.len() <= 1, "one grant per write: {granted:?}");
-        if let Some(lease) = granted.first() {
+        granted.sort_by_key(|l| l.fence);
+        let served: Vec<LeaseDigest> = granted.iter().map(|l| l.digest).collect();
+        // Several grants in one write: to tickets in queue order, on rising
+        // positions, with the next fences.
+        for (nth, pair) in granted.windows(2).enumerate() {
+            prop_assert!(
+                pair[0].position < pair[1].position,
+                "lowest first: {granted:?}"
+            );
+            prop_assert_eq!(pair[1].fence, pair[0].fence + 1);
+            let index = |d: LeaseDigest| prev.queue.iter().position(|t| t.holder.digest == d);
+            prop_assert!(
+                matches!((index(pair[0].digest), index(pair[1].digest)), (Some(a), Some(b)) if a < b),
+                "grant {} of one write out of queue order: {granted:?}",
+                nth + 1
+            );
+        }
+        for lease in &granted {
             prop_assert!(
                 lease.fence > prev.base_us + prev.next_fence - 1,
                 "fences only grow"
@@ -602,10 +656,12 @@ mod props {
                 .iter()
                 .position(|t| t.holder.digest == lease.digest)
             {
-                Some(served) => prop_assert!(
-                    prev.queue[..served].iter().all(|t| !t.is_live(now)),
+                Some(index) => prop_assert!(
+                    prev.queue[..index]
+                        .iter()
+                        .all(|t| !t.is_live(now) || served.contains(&t.holder.digest)),
                     "served out of turn: {:?} ahead of {:?}",
-                    &prev.queue[..served],
+                    &prev.queue[..index],
                     lease
                 ),
                 None => prop_assert!(
@@ -681,17 +737,19 @@ mod props {
                         ReturnPlan::Remembered => {}
                     },
                     Op::Resize { count } => {
-                        let before = pool.in_use(now);
                         if let Some(update) = pool.plan_resize(count, now) {
-                            pool = pool.apply(&update).expect("a fresh resize holds");
+                            prop_assert!(pool.apply(&update).is_ok(), "a fresh resize holds");
+                            in_flight.push((update, now));
                         }
-                        prop_assert_eq!(pool.in_use(now), before, "resize never revokes");
                     }
                     Op::Land { which } => {
                         if !in_flight.is_empty() {
                             let (update, _) = in_flight.remove(which % in_flight.len());
                             if let Ok(next) = pool.apply(&update) {
                                 check_landed(&pool, &next, &update, now)?;
+                                if update.changes.iter().any(|c| matches!(c, Change::SetCount(_))) {
+                                    prop_assert_eq!(next.in_use(now), pool.in_use(now), "resize never revokes");
+                                }
                                 pool = next;
                             }
                         }

@@ -296,7 +296,7 @@ impl Expression {
 
         let mut sets = Vec::new();
         let mut removes = BTreeSet::new();
-        let mut takes_fence = false;
+        let mut fences: u128 = 0;
         for change in &update.changes {
             match *change {
                 Change::Take {
@@ -309,20 +309,24 @@ impl Expression {
                         "{STAMPS}[{position}] = {FENCE} + {}",
                         e.value(number(now_ms))
                     ));
-                    takes_fence = true;
+                    fences += 1;
                 }
                 Change::HandOff {
                     position,
                     from,
+                    nth,
                     now_ms,
                 } => {
                     let zero = e.zero();
                     sets.push(format!(
                         "{SLOTS}[{position}] = if_not_exists({QUEUE}[{from}], {zero})"
                     ));
-                    let handed = e.value(number(now_ms.saturating_add(HANDED)));
+                    // The write's `nth` fence: the counter plus `nth`.
+                    let stamp =
+                        u128::from(now_ms.saturating_add(HANDED)) + u128::from(nth) * STAMP_SCALE;
+                    let handed = e.value(AttributeValue::N(stamp.to_string()));
                     sets.push(format!("{STAMPS}[{position}] = {FENCE} + {handed}"));
-                    takes_fence = true;
+                    fences += 1;
                     for index in 0..=from {
                         removes.insert(format!("{QUEUE}[{index}]"));
                         removes.insert(format!("{GIVE_UP}[{index}]"));
@@ -379,10 +383,10 @@ impl Expression {
                 }
             }
         }
-        if takes_fence {
+        if fences > 0 {
             sets.push(format!(
                 "{FENCE} = {FENCE} + {}",
-                e.value(AttributeValue::N(STAMP_SCALE.to_string()))
+                e.value(AttributeValue::N((fences * STAMP_SCALE).to_string()))
             ));
         }
         let mut clauses = Vec::new();

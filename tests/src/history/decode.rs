@@ -35,6 +35,10 @@ pub(super) enum Outcome {
 
 /// Decodes an answer; `Err` says how it breaks API.md.
 pub(super) fn decode(op: &Op, config: &CheckConfig) -> Result<Outcome, String> {
+    if op.status == super::NO_ANSWER {
+        // Its client died: it may have landed, or may yet.
+        return Ok(Outcome::Unknown);
+    }
     let body = op.body.as_object().ok_or("body is not a JSON object")?;
     if op.status >= 500 {
         error_body(body)?;
@@ -77,6 +81,7 @@ pub(super) fn decode(op: &Op, config: &CheckConfig) -> Result<Outcome, String> {
             Call::Borrow {
                 ttl_ms: asked,
                 wait_ms,
+                ..
             },
             200,
         ) => {

@@ -35,7 +35,7 @@ mod spans;
 
 use std::collections::BTreeMap;
 
-pub use record::{summary, Call, History, Op};
+pub use record::{summary, Call, History, Op, NO_ANSWER};
 pub use rules::{Rule, Violation};
 
 use decode::{decode, Outcome};
@@ -91,8 +91,7 @@ pub fn check(ops: &[Op], config: &CheckConfig) -> Vec<Violation> {
     let models: Vec<PoolModel> = by_pool
         .into_iter()
         .map(|(pool, calls)| {
-            let (model, bad_grants) =
-                PoolModel::build(ops, &outcomes, config.max_ttl_ms, pool, calls);
+            let (model, bad_grants) = PoolModel::build(ops, &outcomes, config, pool, calls);
             for (i, why) in bad_grants {
                 checker.bad_response(i, &why);
             }

@@ -90,7 +90,7 @@ impl PoolModel {
     pub(super) fn build(
         ops: &[Op],
         outcomes: &[Outcome],
-        max_ttl_ms: u64,
+        config: &super::CheckConfig,
         pool: String,
         calls: Vec<usize>,
     ) -> (Self, Vec<(usize, String)>) {
@@ -100,7 +100,7 @@ impl PoolModel {
             calls: &calls,
         };
         let (regimes, regime_spans) = history.regimes();
-        let found = history.leases(max_ttl_ms);
+        let found = history.leases(config);
         let unknown: Vec<Span> = found
             .unknown
             .iter()
@@ -111,7 +111,7 @@ impl PoolModel {
                 id: found.known.len() + k,
             })
             .collect();
-        let waiters = Spans::new(history.waiters(&found.known));
+        let waiters = Spans::new(history.waiters(&found.known, config.max_wait_ms));
         let model = PoolModel {
             waiters,
             pool,
@@ -242,7 +242,8 @@ impl PoolCalls<'_> {
 
     /// The leases granted (with what may have ended them) and the unknown
     /// ones: a borrow answered 5xx may have stored one.
-    fn leases(&self, max_ttl_ms: u64) -> FoundLeases {
+    fn leases(&self, config: &super::CheckConfig) -> FoundLeases {
+        let max_ttl_ms = config.max_ttl_ms;
         let deletes = self.deletes();
         let returns = self.returns_by_lease();
         let mut found = FoundLeases {
@@ -273,7 +274,17 @@ impl PoolCalls<'_> {
                 },
                 Outcome::Unknown => {
                     let ttl = asked.clamp(1, max_ttl_ms);
-                    found.unknown.push(self.unknown_lease(i, ttl, &deletes));
+                    found
+                        .unknown
+                        .push(self.unknown_lease(i, ttl, config.max_wait_ms, &deletes));
+                }
+                // Given up, and a return of its lease UUID sent meanwhile
+                // answered `true`: a slot may have been handed to it and
+                // taken back by that return.
+                Outcome::Exhausted => {
+                    if let Some(end) = self.taken_back(i, &returns) {
+                        found.unknown.push((self.window(i).0, end + 1));
+                    }
                 }
                 // Told the pool was not found: its write may have landed
                 // before a delete took the pool (and the lease) during the
@@ -357,7 +368,7 @@ impl PoolCalls<'_> {
 
     /// The waiting spans of this pool's borrows with a wait (see
     /// [`PoolModel::waiters`]).
-    fn waiters(&self, granted: &[Lease]) -> Vec<Span> {
+    fn waiters(&self, granted: &[Lease], max_wait_ms: u64) -> Vec<Span> {
         let granted: std::collections::HashSet<usize> = granted.iter().map(|l| l.op).collect();
         self.calls
             .iter()
@@ -369,6 +380,18 @@ impl PoolCalls<'_> {
                     // granted at any time up to its answer.
                     Outcome::Exhausted | Outcome::NotFound => response + 1,
                     Outcome::Granted { .. } if granted.contains(&i) => response + 1,
+                    // No answer (a 5xx, or its client died): its ticket may
+                    // wait on until its give-up time and the grace after.
+                    Outcome::Unknown => {
+                        let Call::Borrow { wait_ms, .. } = self.ops[i].call else {
+                            return None;
+                        };
+                        let ticket_ends = invoke
+                            + wait_ms.min(max_wait_ms)
+                            + 1000
+                            + semaphore::domain::TICKET_GRACE_MS;
+                        response.max(ticket_ends) + 1
+                    }
                     _ => return None,
                 };
                 Some(Span {
@@ -380,15 +403,54 @@ impl PoolCalls<'_> {
             .collect()
     }
 
-    /// `[start, end)` of the lease borrow `i` (answered 5xx) may have stored:
-    /// from its invoke until its ttl after the answer, or until a delete that
-    /// surely took effect after it has answered.
-    fn unknown_lease(&self, i: usize, ttl_ms: u64, deletes: &[usize]) -> (u64, u64) {
-        let (invoke, response) = self.window(i);
+    /// For borrow `i` answered 409 after a return of the lease UUID it sent
+    /// was sent: when the last such return that answered `true` did (a slot
+    /// handed to it then may have been what that return freed).
+    pub(super) fn taken_back(
+        &self,
+        i: usize,
+        returns: &HashMap<String, Vec<usize>>,
+    ) -> Option<u64> {
+        let (invoke, answered) = self.window(i);
+        let Call::Borrow {
+            lease: Some(lease), ..
+        } = &self.ops[i].call
+        else {
+            return None;
+        };
+        returns
+            .get(&lease.to_lowercase())?
+            .iter()
+            .map(|&r| &self.ops[r])
+            .filter(|r| r.invoke_ms <= answered && r.response_ms >= invoke)
+            .filter(|r| r.body.get("returned") == Some(&serde_json::Value::Bool(true)))
+            .map(|r| r.response_ms)
+            .max()
+    }
+
+    /// `[start, end)` of the lease borrow `i` (answered 5xx, or not at all)
+    /// may have stored: from its invoke until its ttl after the last moment
+    /// it can have been granted, or until a delete that surely took effect
+    /// after that. A borrow that waited left a ticket that can be handed a
+    /// slot until its give-up time (rounded up to a second) and a second of
+    /// grace, whatever became of its call.
+    fn unknown_lease(
+        &self,
+        i: usize,
+        ttl_ms: u64,
+        max_wait_ms: u64,
+        deletes: &[usize],
+    ) -> (u64, u64) {
+        let (invoke, answered) = self.window(i);
+        let response = match self.ops[i].call {
+            Call::Borrow { wait_ms, .. } if wait_ms > 0 => answered
+                .max(invoke + wait_ms.min(max_wait_ms) + 1000 + semaphore::domain::TICKET_GRACE_MS),
+            _ => answered,
+        };
         let deleted = deletes
             .iter()
             .filter(|&&d| {
-                matches!(self.outcomes[d], Outcome::Deleted(_)) && self.ops[d].invoke_ms > response
+                matches!(self.outcomes[d], Outcome::Deleted(_)) && self.ops[d].invoke_ms > answered
             })
             .map(|&d| self.ops[d].response_ms + 1)
             .min();

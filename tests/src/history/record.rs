@@ -13,10 +13,12 @@ pub enum Call {
     },
     Inspect,
     Delete,
-    /// `ttl_ms`/`wait_ms` as sent (before the server's clamping).
+    /// `ttl_ms`/`wait_ms` as sent (before the server's clamping), and the
+    /// lease UUID the client chose, if it chose one.
     Borrow {
         ttl_ms: u64,
         wait_ms: u64,
+        lease: Option<String>,
     },
     Return {
         lease: String,
@@ -42,11 +44,16 @@ pub struct Op {
     /// The pool UUID as sent.
     pub pool: String,
     pub call: Call,
+    /// The HTTP status; [`NO_ANSWER`] when the client died before the answer
+    /// (its request may have taken effect, or may still).
     pub status: u16,
     pub body: Value,
     pub invoke_ms: u64,
     pub response_ms: u64,
 }
+
+/// The status of a call whose client died waiting for it.
+pub const NO_ANSWER: u16 = 0;
 
 /// Collects ops from many concurrent clients.
 #[derive(Default)]

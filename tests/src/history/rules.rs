@@ -42,6 +42,11 @@ pub enum Rule {
     /// A position held by a lease no client was ever told about (found with
     /// the store's ground truth, `crate::truth`).
     OrphanedSlot,
+    /// A borrow granted after its wait was given up: a return of the lease
+    /// UUID it sent, sent after it, answered `returned: false` before the
+    /// grant surely happened (a short grant can end before the return and be
+    /// answered after it).
+    GrantedAfterGivingUp,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -93,7 +98,17 @@ impl<'h> Checker<'h> {
         let op = &self.ops[i];
         let call = match &op.call {
             Call::Register { count } => format!("PUT count {count}"),
-            Call::Borrow { ttl_ms, wait_ms } => format!("borrow ttl {ttl_ms} ms wait {wait_ms} ms"),
+            Call::Borrow {
+                ttl_ms,
+                wait_ms,
+                lease,
+            } => format!(
+                "borrow ttl {ttl_ms} ms wait {wait_ms} ms{}",
+                lease
+                    .as_deref()
+                    .map(|l| format!(" as {}", short(l)))
+                    .unwrap_or_default()
+            ),
             Call::Return { lease } => format!("return {}", short(lease)),
             other => other.name().to_string(),
         };
@@ -156,13 +171,86 @@ impl<'h> Checker<'h> {
                         .map(|&(m, l)| (&models[m], l));
                     self.returned(model, i, *returned, owner);
                 }
-                (Call::Borrow { .. }, Outcome::Exhausted) => {
+                // A borrow given up answers 409 when it was given up: no
+                // wake-up was lost and nobody overtook it.
+                (Call::Borrow { .. }, Outcome::Exhausted) if !self.given_up(model, i) => {
                     self.refused(model, i);
                     self.overtaken(model, i);
+                }
+                (Call::Borrow { .. }, Outcome::Granted { .. }) => {
+                    self.granted_after_giving_up(model, i);
                 }
                 (_, Outcome::State { count, in_use, .. }) => self.state(model, i, *count, *in_use),
                 _ => {}
             }
+        }
+    }
+
+    /// The returns in this pool of the lease UUID borrow `b` sent (none if it
+    /// sent none).
+    fn returns_of<'m>(&self, model: &'m PoolModel, b: usize) -> impl Iterator<Item = usize> + 'm
+    where
+        'h: 'm,
+    {
+        let ops = self.ops;
+        let lease = match &ops[b].call {
+            Call::Borrow {
+                lease: Some(lease), ..
+            } => Some(lease.to_lowercase()),
+            _ => None,
+        };
+        model
+            .calls
+            .iter()
+            .copied()
+            .filter(move |&r| match (&lease, &ops[r].call) {
+                (Some(lease), Call::Return { lease: returned }) => {
+                    returned.to_lowercase() == *lease
+                }
+                _ => false,
+            })
+    }
+
+    /// Whether borrow `b`'s wait was given up: a return of its lease UUID was
+    /// sent before it answered.
+    fn given_up(&self, model: &PoolModel, b: usize) -> bool {
+        let answered = self.ops[b].response_ms;
+        self.returns_of(model, b)
+            .any(|r| self.ops[r].invoke_ms <= answered)
+    }
+
+    /// Whether return `r` overlaps a borrow of its lease UUID in this pool
+    /// that was not granted (refused, or no answer): it gave that wait up.
+    fn gave_up_waiting(&self, model: &PoolModel, r: usize) -> bool {
+        let (invoke, response) = (self.ops[r].invoke_ms, self.ops[r].response_ms);
+        model.calls.iter().any(|&b| {
+            let borrow = &self.ops[b];
+            self.returns_of(model, b).any(|x| x == r)
+                && borrow.status != 200
+                && borrow.invoke_ms <= response
+                && invoke <= borrow.response_ms
+        })
+    }
+
+    /// [`Rule::GrantedAfterGivingUp`].
+    fn granted_after_giving_up(&mut self, model: &PoolModel, b: usize) {
+        let invoke = self.ops[b].invoke_ms;
+        let Some(granted) = model.leases.iter().find(|l| l.op == b).map(|l| l.grant_lo) else {
+            return;
+        };
+        let cancel = self.returns_of(model, b).find(|&r| {
+            let op = &self.ops[r];
+            op.invoke_ms >= invoke
+                && op.response_ms < granted
+                && op.body.get("returned") == Some(&serde_json::Value::Bool(false))
+        });
+        if let Some(r) = cancel {
+            let message = format!(
+                "{}: granted after {} gave its wait up",
+                self.describe(b),
+                self.describe(r)
+            );
+            self.flag(Rule::GrantedAfterGivingUp, message);
         }
     }
 
@@ -312,6 +400,9 @@ impl<'h> Checker<'h> {
             .filter(|(m, _)| m.pool == model.pool)
             .map(|(m, l)| &m.leases[l]);
         let why = match (returned, owner, mine) {
+            // The grant of a borrow given up while it waited, taken back
+            // by this very return (the borrow then answers 409).
+            (true, None, _) if self.gave_up_waiting(model, r) => None,
             (true, None, _) => Some("no such lease was ever granted".to_string()),
             (true, Some(_), None) => Some("the lease belongs to another pool".to_string()),
             (true, _, Some(lease)) => {

@@ -232,6 +232,28 @@ fn every_write() -> Vec<(&'static str, Update)> {
     };
     writes.push(("a waiter hands a free slot on", update));
     writes.push(("resize", pool.plan_resize(3, now).unwrap()));
+    // Two slots free at once (a raise) and three waiting: one write serves
+    // the first two in line.
+    let mut pool = Pool::new(1, now * 1000);
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(1, 10_000), now, now, 100) else {
+        panic!()
+    };
+    pool = pool.apply(&update).unwrap();
+    for n in 3..6 {
+        let BorrowPlan::Join(update) = pool.plan_borrow(holder(n, 30_000), now + 25_000, now, 100)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+    }
+    pool = pool.apply(&pool.plan_resize(3, now).unwrap()).unwrap();
+    let WaitPlan::Waiting {
+        duty: Some(update), ..
+    } = pool.plan_wait(&holder(4, 30_000), now, now)
+    else {
+        panic!()
+    };
+    writes.push(("waiters hand several free slots on at once", update));
     writes
 }
 
