@@ -41,7 +41,7 @@ pub struct Args {
     #[arg(long, value_name = "N,N,…", value_delimiter = ',', value_parser = clients)]
     pub clients: Option<Vec<usize>>,
 
-    /// Length of each contention run, 0.1…3600 s [default: 6; smoke: 0.3].
+    /// Length of each contention run, 0.1…3600 s [default: 6; smoke: 1].
     #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = seconds)]
     pub seconds: Option<f64>,
 

@@ -225,13 +225,24 @@ fn smoke_profile_emits_a_complete_report() {
     );
 
     // The smoke profile measures every target but those of 100 waiters and
-    // 64 clients.
+    // 64 clients. A ratio to naive has no value when naive completed no cycle
+    // in its short run (a loaded machine): the report must then say so.
+    let naive_idle = rows(&report, "contention").iter().any(|r| {
+        r["backend"] == "dynamodb-local"
+            && r["strategy"] == "naive"
+            && r["latency_ms"] == 8
+            && r["clients"] == 16
+            && r["cycles"] == 0
+    });
     let targets = rows(&report, "targets");
     assert_eq!(targets.len(), 22);
     for target in targets {
         let status = target["status"].as_str().unwrap_or("");
         let name = target["name"].as_str().unwrap_or("");
-        if name.starts_with("100 waiters") || name.starts_with("64 clients") {
+        if name.starts_with("100 waiters")
+            || name.starts_with("64 clients")
+            || (naive_idle && name.ends_with("new ÷ naive"))
+        {
             assert_eq!(status, "not measured", "{target:#}");
         } else {
             assert!(
