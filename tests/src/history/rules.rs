@@ -196,16 +196,16 @@ impl<'h> Checker<'h> {
         let lease = match &ops[b].call {
             Call::Borrow {
                 lease: Some(lease), ..
-            } => Some(lease.to_lowercase()),
+            } => Some(lease.as_str()),
             _ => None,
         };
         model
             .calls
             .iter()
             .copied()
-            .filter(move |&r| match (&lease, &ops[r].call) {
+            .filter(move |&r| match (lease, &ops[r].call) {
                 (Some(lease), Call::Return { lease: returned }) => {
-                    returned.to_lowercase() == *lease
+                    returned.eq_ignore_ascii_case(lease)
                 }
                 _ => false,
             })
@@ -223,9 +223,15 @@ impl<'h> Checker<'h> {
     /// that was not granted (refused, or no answer): it gave that wait up.
     fn gave_up_waiting(&self, model: &PoolModel, r: usize) -> bool {
         let (invoke, response) = (self.ops[r].invoke_ms, self.ops[r].response_ms);
+        let Call::Return { lease: returned } = &self.ops[r].call else {
+            return false;
+        };
+        // One pass over the pool's calls (not one per borrow: a soak's pool
+        // has thousands of calls).
         model.calls.iter().any(|&b| {
             let borrow = &self.ops[b];
-            self.returns_of(model, b).any(|x| x == r)
+            matches!(&borrow.call, Call::Borrow { lease: Some(lease), .. }
+                     if lease.eq_ignore_ascii_case(returned))
                 && borrow.status != 200
                 && borrow.invoke_ms <= response
                 && invoke <= borrow.response_ms
