@@ -63,6 +63,19 @@ fn instances(stores: Vec<Arc<dyn PoolStore>>) -> Vec<Arc<ApiClient>> {
         .collect()
 }
 
+/// [`INSTANCES`] service instances on DynamoDB Local, each store recorded in
+/// `truth`, and a clean one (unrecorded) to settle and verify with.
+async fn dynamodb_instances(truth: &Arc<Truth>) -> (Vec<Arc<ApiClient>>, ApiClient) {
+    let mut stores = Vec::new();
+    for _ in 0..INSTANCES {
+        stores.push(recorded(dynamodb_store().await, truth));
+    }
+    (
+        instances(stores),
+        ApiClient::new(dynamodb_store().await, LIMITS),
+    )
+}
+
 fn config(faults: bool) -> CheckConfig {
     CheckConfig {
         max_ttl_ms: LIMITS.max_ttl_ms,
@@ -269,12 +282,7 @@ async fn memory_store_random_history_is_correct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_dying_waiters_strand_at_most_their_ttl() {
     let truth = Arc::new(Truth::default());
-    let mut stores = Vec::new();
-    for _ in 0..INSTANCES {
-        stores.push(recorded(dynamodb_store().await, &truth));
-    }
-    let apis = instances(stores);
-    let clean = ApiClient::new(dynamodb_store().await, LIMITS);
+    let (apis, clean) = dynamodb_instances(&truth).await;
     let workload = Workload::new(seed(), operations(3000)).with_dying_waiters(6);
     let (ops, orphans) = run_and_check_orphans(
         "dynamodb+dying",
@@ -303,12 +311,7 @@ async fn dynamodb_dying_waiters_strand_at_most_their_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
-    let mut stores = Vec::new();
-    for _ in 0..INSTANCES {
-        stores.push(recorded(dynamodb_store().await, &truth));
-    }
-    let apis = instances(stores);
-    let clean = ApiClient::new(dynamodb_store().await, LIMITS);
+    let (apis, clean) = dynamodb_instances(&truth).await;
     let workload = Workload::new(seed(), operations(3000));
     run_and_check("dynamodb", workload, &apis, &truth, &clean, false).await;
 }
