@@ -99,6 +99,38 @@ impl Timing {
     }
 }
 
+impl Timing {
+    /// A waiter's nap (before jitter) by its place and the pool's pace as it
+    /// has seen it. The pace may only shorten the nap by place, never
+    /// lengthen it: a pace measured while everyone read slowly would keep
+    /// them slow.
+    fn by_pace(&self, ahead: usize, needed: usize, count: u16, seen: Seen) -> Duration {
+        let by_place = self.by_place(ahead, count);
+        // Half the time its turn is expected to take (a grant is then seen
+        // about a quarter of that after it lands, on average); a quarter when
+        // the pace is glimpsed from one read's slots. Half was not enough
+        // there: a pool whose waiters noticed their grants late looked slow,
+        // its waiters far back read later still, and 64 clients settled at a
+        // third of the cycles 16 made (measured in docs/BENCHMARK.md).
+        // Saturating: no pace estimate may panic a request.
+        let by_pace = |per_second: f64, share: f64| {
+            Duration::try_from_secs_f64(needed.max(1) as f64 / per_second * share)
+                .unwrap_or(by_place)
+                .clamp(self.poll_min.min(by_place), by_place)
+        };
+        match seen {
+            Seen::Granting(per_second) => by_pace(per_second, 0.5),
+            Seen::Glimpsed(per_second) => by_pace(per_second, 0.25),
+            // Early on, read again soon: a second read tells how fast the
+            // pool grants.
+            Seen::Unknown => by_place.min(self.poll),
+            // Nothing granted since its first read: a return or a raise may
+            // come at any time, and its place alone says how soon it matters.
+            Seen::Idle => by_place,
+        }
+    }
+}
+
 impl Default for Timing {
     fn default() -> Self {
         Timing {
@@ -512,13 +544,30 @@ impl Borrower {
         let mut lost = 0u32;
         let mut pace = Pace::default();
         let mut forecast = Forecast::default();
+        let mut dbg_nap = Duration::ZERO;
+        let mut dbg_ahead = 0usize;
+        let mut dbg_reads = 0u32;
+        let mut dbg_seen = Vec::new();
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
             }
             let now = now_ms();
             let (ahead, needed) = match record.pool.plan_wait(&mine, joined_ms, now) {
-                WaitPlan::Granted(lease) => return Ok(self.grant(&lease, now, false)),
+                WaitPlan::Granted(lease) => {
+                    if std::env::var("DBG_WAIT").is_ok() {
+                        eprintln!(
+                            "DBG t={} late={} lastnap={:?} lastahead={} reads={} seen={:?}",
+                            now % 100000,
+                            now.saturating_sub(lease.granted_ms),
+                            dbg_nap,
+                            dbg_ahead,
+                            dbg_reads,
+                            dbg_seen
+                        );
+                    }
+                    return Ok(self.grant(&lease, now, false));
+                }
                 // Cancelled by a return of its lease id, or pruned as dead.
                 WaitPlan::Gone => return Err(Error::Exhausted),
                 WaitPlan::Waiting {
@@ -544,6 +593,7 @@ impl Borrower {
                     .await;
             }
             let nap = ctx.poll_interval(ahead, needed, &record.pool, now, &mut pace);
+            let dbg_pace = nap.as_millis();
             // Read around the time the slot it waits for is expected to be
             // handed on (a shorter nap only, never a longer one).
             let nap = match forecast.observe(&record.pool, needed, now) {
@@ -564,6 +614,10 @@ impl Borrower {
                 None => nap,
             };
             let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
+            dbg_nap = nap;
+            dbg_ahead = ahead;
+            dbg_reads += 1;
+            dbg_seen.push((ahead, needed, dbg_pace, nap.as_millis()));
             tokio::time::sleep(nap).await;
             ctx.stats.waited += nap;
             record = ctx.load_existing(&self.key).await?;
@@ -762,21 +816,9 @@ impl Ctx<'_> {
         now_ms: u64,
         pace: &mut Pace,
     ) -> Duration {
-        let timing = self.timing;
-        let by_place = timing.by_place(ahead, pool.count());
-        let full = match pace.observe(pool, now_ms) {
-            // Half the time its turn is expected to take: a grant is seen
-            // about a quarter of that after it lands, on average.
-            // Saturating: no pace estimate may panic a request.
-            Some(per_second) => {
-                Duration::try_from_secs_f64(needed.max(1) as f64 / per_second / 2.0)
-                    .unwrap_or(by_place)
-                    .clamp(timing.poll_min.min(by_place), by_place)
-            }
-            // The first nap after joining is at most `poll`: an early read
-            // tells how fast the pool grants.
-            None => by_place.min(timing.poll),
-        };
+        let full = self
+            .timing
+            .by_pace(ahead, needed, pool.count(), pace.observe(pool, now_ms));
         full.mul_f64(0.75 + 0.25 * self.jitter.next_unit())
     }
 }
@@ -850,32 +892,57 @@ impl Pace {
     /// Grants shorter apart than this say nothing of a pool's pace.
     const WINDOW_MS: u64 = 200;
 
-    /// Takes in a read of `pool` at `now_ms`; the grants per second seen so
-    /// far (`None` while the pool has not been seen to grant).
-    fn observe(&mut self, pool: &Pool, now_ms: u64) -> Option<f64> {
+    /// Takes in a read of `pool` at `now_ms`: the grants per second seen so
+    /// far, or that it has seen none.
+    fn observe(&mut self, pool: &Pool, now_ms: u64) -> Seen {
         let fence = pool.next_fence();
+        let recent = Self::recent(pool, fence, now_ms);
         let (since, first) = *self.first.get_or_insert((now_ms, fence));
-        if now_ms >= since + Self::WINDOW_MS {
-            let rate = fence.saturating_sub(first) as f64 * 1000.0 / (now_ms - since) as f64;
-            return (rate > 0.0).then_some(rate);
+        if now_ms < since + Self::WINDOW_MS {
+            return recent.map_or(Seen::Unknown, Seen::Glimpsed);
         }
-        // The recent grants of the slots held now.
-        let mut granted: Vec<u64> = pool
-            .leases()
-            .iter()
-            .filter(|l| l.is_live(now_ms))
-            .map(|l| l.granted_ms)
-            .filter(|g| now_ms.saturating_sub(*g) <= 10 * Self::WINDOW_MS)
-            .collect();
-        granted.sort_unstable();
-        match (granted.first(), granted.last()) {
-            (Some(&oldest), Some(&newest)) if granted.len() >= 2 => {
-                let span = now_ms.saturating_sub(oldest).max(newest - oldest).max(1);
-                Some((granted.len() - 1) as f64 * 1000.0 / span as f64)
-            }
-            _ => None,
+        let rate = fence.saturating_sub(first) as f64 * 1000.0 / (now_ms - since) as f64;
+        if rate > 0.0 {
+            // The faster of the two: a pool speeds up as its waiters notice
+            // their grants sooner, and one that read slowly while it was
+            // slow would otherwise keep it slow.
+            Seen::Granting(rate.max(recent.unwrap_or(0.0)))
+        } else {
+            Seen::Idle
         }
     }
+
+    /// The grants per second since the oldest recent grant still held: every
+    /// fence issued since was a grant, whether or not its slot is held still.
+    /// (Counting only the slots held now took a pool whose waiters were slow
+    /// to notice their grants for a slow pool: those read later still, and
+    /// were later still to notice theirs.)
+    fn recent(pool: &Pool, fence: u64, now_ms: u64) -> Option<f64> {
+        let oldest = pool
+            .leases()
+            .into_iter()
+            .filter(|l| {
+                l.is_live(now_ms) && now_ms.saturating_sub(l.granted_ms) <= 10 * Self::WINDOW_MS
+            })
+            .min_by_key(|l| l.granted_ms)?;
+        // A lease's fence is offset by the pool's base; `fence` is not.
+        let grants = fence.saturating_sub(oldest.fence.saturating_sub(pool.base_us()));
+        let since = now_ms.saturating_sub(oldest.granted_ms).max(1);
+        (grants >= 2).then(|| (grants - 1) as f64 * 1000.0 / since as f64)
+    }
+}
+
+/// What a waiter has seen of its pool's pace.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Seen {
+    /// Not yet enough to tell.
+    Unknown,
+    /// No grant since its first read, a window ago or more.
+    Idle,
+    /// Grants per second, from the slots held at one read.
+    Glimpsed(f64),
+    /// Grants per second.
+    Granting(f64),
 }
 
 /// Jitter, so that waiters and retries spread out instead of moving in
@@ -927,7 +994,7 @@ mod tests {
         };
         let mut pool = Pool::new(2, 0);
         let mut pace = Pace::default();
-        assert_eq!(pace.observe(&pool, 1_000), None, "an idle pool");
+        assert_eq!(pace.observe(&pool, 1_000), Seen::Unknown, "a first read");
         // Two holders granted 100 ms apart, 100 ms ago at the latest: the
         // pool grants about 10 per second.
         for (n, at) in [(1u8, 800u64), (2, 900)] {
@@ -937,7 +1004,7 @@ mod tests {
             pool = pool.apply(&update).unwrap();
         }
         let mut pace = Pace::default();
-        assert_eq!(pace.observe(&pool, 1_000), Some(5.0));
+        assert_eq!(pace.observe(&pool, 1_000), Seen::Glimpsed(5.0));
         // Five grants in the 250 ms since the first read: 20 per second.
         for k in 0..5u8 {
             let at = 1_050 + u64::from(k) * 40;
@@ -952,7 +1019,84 @@ mod tests {
             };
             pool = pool.apply(&update).unwrap();
         }
-        assert_eq!(pace.observe(&pool, 1_250), Some(20.0));
+        assert_eq!(pace.observe(&pool, 1_250), Seen::Granting(20.0));
+    }
+
+    #[test]
+    fn waiters_on_a_pool_that_grants_nothing_read_by_place_alone() {
+        let timing = Timing::default();
+        let ms = Duration::from_millis;
+        let mut pool = Pool::new(4, 0);
+        let mut pace = Pace::default();
+        // A first read says nothing of the pace: read again within `poll`.
+        let seen = pace.observe(&pool, 1_000);
+        assert_eq!(seen, Seen::Unknown);
+        assert_eq!(timing.by_pace(40, 37, 4, seen), ms(70));
+        // Nothing granted a window later: the place alone sets the nap (a
+        // waiter far back once read every 70 ms while nothing moved).
+        let seen = pace.observe(&pool, 1_300);
+        assert_eq!(seen, Seen::Idle);
+        assert_eq!(timing.by_pace(40, 37, 4, seen), ms(2_000));
+        assert_eq!(timing.by_pace(5, 2, 4, seen), ms(140));
+        assert_eq!(timing.by_pace(0, 1, 4, seen), ms(70));
+        // Four grants seen after that: the pace shortens the nap again.
+        for n in 0..4 {
+            let holder = crate::domain::Holder {
+                digest: crate::domain::LeaseDigest([n; 8]),
+                ttl_ms: 60_000,
+            };
+            let crate::domain::BorrowPlan::Take { update, .. } =
+                pool.plan_borrow(holder, 1_400, 1_400, 100)
+            else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        // Since its first read 8 per second, over the last 100 ms 30: the
+        // faster counts.
+        let seen = pace.observe(&pool, 1_500);
+        assert_eq!(seen, Seen::Granting(30.0));
+        // By place 560 ms; by pace half the time of one grant.
+        assert_eq!(
+            timing.by_pace(12, 1, 4, seen),
+            Duration::from_secs_f64(1.0 / 30.0 / 2.0)
+        );
+        // A rate glimpsed at a first read is trusted half as much.
+        assert_eq!(
+            timing.by_pace(12, 4, 4, Seen::Glimpsed(30.0)),
+            Duration::from_secs_f64(4.0 / 30.0 / 4.0)
+        );
+    }
+
+    #[test]
+    fn a_first_read_counts_every_grant_since_the_oldest_slot_held() {
+        use crate::domain::{BorrowPlan, Holder, LeaseDigest, ReturnPlan};
+        let holder = |n: u8| Holder {
+            digest: LeaseDigest([n; 8]),
+            ttl_ms: 60_000,
+        };
+        // A real pool's fences start at its creation time in µs.
+        let mut pool = Pool::new(2, 1_700_000_000_000_000);
+        let take = |pool: Pool, n: u8, at: u64| {
+            let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n), at, at, 100) else {
+                panic!()
+            };
+            pool.apply(&update).unwrap()
+        };
+        // One holder slow to move on since 800; the other slot handed on
+        // ten times since: 11 grants after the one at 800, in 200 ms.
+        pool = take(pool, 1, 800);
+        pool = take(pool, 2, 850);
+        for k in 0..10u8 {
+            let at = 860 + u64::from(k) * 14;
+            let ReturnPlan::Return(_, update) = pool.plan_return(holder(2 + k).digest, at) else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+            pool = take(pool, 3 + k, at);
+        }
+        let mut pace = Pace::default();
+        assert_eq!(pace.observe(&pool, 1_000), Seen::Glimpsed(55.0));
     }
 
     #[test]

@@ -756,16 +756,19 @@ impl Report {
         }
     }
 
-    /// Conditional writes by kind at 16 clients (and under saturation):
+    /// Conditional writes by kind at 16 clients and more (and under saturation):
     /// which writes collide, and on which condition.
     fn md_writes(&self, md: &mut String) {
         let rows: Vec<(String, &[WriteTally], usize)> = self
             .contention
             .iter()
-            .filter(|r| r.clients == 16)
+            .filter(|r| r.clients >= 16)
             .map(|r| {
                 (
-                    format!("{} | +{} | C=16 {}", r.backend, r.latency_ms, r.strategy),
+                    format!(
+                        "{} | +{} | C={} {}",
+                        r.backend, r.latency_ms, r.clients, r.strategy
+                    ),
                     &r.writes_by_kind[..],
                     r.cycles as usize,
                 )
