@@ -56,10 +56,16 @@ impl PoolKey {
     }
 }
 
-/// Logs show the first 8 hex digits only: enough to correlate, useless to borrow.
+/// A UUID as logs show it: the first 8 hex digits only, enough to correlate
+/// and useless to borrow (the whole id is a credential).
+pub fn short(uuid: &Uuid) -> String {
+    let mut simple = uuid.simple().to_string();
+    simple.truncate(8);
+    simple
+}
+
 fn redacted(f: &mut fmt::Formatter<'_>, uuid: &Uuid) -> fmt::Result {
-    let simple = uuid.simple().to_string();
-    write!(f, "{}…", &simple[..8])
+    write!(f, "{}…", short(uuid))
 }
 
 impl fmt::Debug for PoolId {

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::keys::PoolId;
+use crate::keys::{self, PoolId};
 use crate::service::{now_ms, Stats};
 
 /// How a request's line is written.
@@ -103,10 +103,8 @@ impl RequestLog<'_> {
 
     /// The pool id's first 8 hex digits, or `-`.
     fn pool_prefix(&self) -> String {
-        self.pool.map_or_else(
-            || "-".to_string(),
-            |id| id.0.simple().to_string()[..8].to_string(),
-        )
+        self.pool
+            .map_or_else(|| "-".to_string(), |id| keys::short(&id.0))
     }
 
     /// Writes the line in `format`.

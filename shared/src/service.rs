@@ -966,6 +966,7 @@ impl Jitter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::ReturnPlan;
 
     #[test]
     fn waiters_read_in_rounds_that_double() {
@@ -985,39 +986,44 @@ mod tests {
         assert_eq!(timing.by_place(0, 0), ms(70));
     }
 
+    fn holder(n: u8) -> Holder {
+        Holder {
+            digest: crate::domain::LeaseDigest([n; 8]),
+            ttl_ms: 60_000,
+        }
+    }
+
+    /// `pool` after holder `n` took its lowest free slot at `at`.
+    fn take(pool: Pool, n: u8, at: u64) -> Pool {
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n), at, at, 100) else {
+            panic!("holder {n} found no free slot")
+        };
+        pool.apply(&update).unwrap()
+    }
+
+    /// `pool` after the lease `from` was returned and holder `n` took a slot.
+    fn hand_on(pool: Pool, from: crate::domain::LeaseDigest, n: u8, at: u64) -> Pool {
+        let ReturnPlan::Return(_, update) = pool.plan_return(from, at) else {
+            panic!("no such lease")
+        };
+        take(pool.apply(&update).unwrap(), n, at)
+    }
+
     #[test]
     fn the_pace_is_grants_per_second_since_the_first_read() {
-        use crate::domain::{BorrowPlan, Holder, LeaseDigest, ReturnPlan};
-        let holder = |n: u8| Holder {
-            digest: LeaseDigest([n; 8]),
-            ttl_ms: 60_000,
-        };
         let mut pool = Pool::new(2, 0);
         let mut pace = Pace::default();
         assert_eq!(pace.observe(&pool, 1_000), Seen::Unknown, "a first read");
         // Two holders granted 100 ms apart, 100 ms ago at the latest: the
         // pool grants about 10 per second.
-        for (n, at) in [(1u8, 800u64), (2, 900)] {
-            let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n), at, at, 100) else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
-        }
+        pool = take(pool, 1, 800);
+        pool = take(pool, 2, 900);
         let mut pace = Pace::default();
         assert_eq!(pace.observe(&pool, 1_000), Seen::Glimpsed(5.0));
         // Five grants in the 250 ms since the first read: 20 per second.
         for k in 0..5u8 {
-            let at = 1_050 + u64::from(k) * 40;
             let which = pool.leases()[0].digest;
-            let ReturnPlan::Return(_, update) = pool.plan_return(which, at) else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
-            let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(20 + k), at, at, 100)
-            else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
+            pool = hand_on(pool, which, 20 + k, 1_050 + u64::from(k) * 40);
         }
         assert_eq!(pace.observe(&pool, 1_250), Seen::Granting(20.0));
     }
@@ -1041,16 +1047,7 @@ mod tests {
         assert_eq!(timing.by_pace(0, 1, 4, seen), ms(70));
         // Four grants seen after that: the pace shortens the nap again.
         for n in 0..4 {
-            let holder = crate::domain::Holder {
-                digest: crate::domain::LeaseDigest([n; 8]),
-                ttl_ms: 60_000,
-            };
-            let crate::domain::BorrowPlan::Take { update, .. } =
-                pool.plan_borrow(holder, 1_400, 1_400, 100)
-            else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
+            pool = take(pool, n, 1_400);
         }
         // Since its first read 8 per second, over the last 100 ms 30: the
         // faster counts.
@@ -1070,30 +1067,14 @@ mod tests {
 
     #[test]
     fn a_first_read_counts_every_grant_since_the_oldest_slot_held() {
-        use crate::domain::{BorrowPlan, Holder, LeaseDigest, ReturnPlan};
-        let holder = |n: u8| Holder {
-            digest: LeaseDigest([n; 8]),
-            ttl_ms: 60_000,
-        };
         // A real pool's fences start at its creation time in µs.
         let mut pool = Pool::new(2, 1_700_000_000_000_000);
-        let take = |pool: Pool, n: u8, at: u64| {
-            let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n), at, at, 100) else {
-                panic!()
-            };
-            pool.apply(&update).unwrap()
-        };
         // One holder slow to move on since 800; the other slot handed on
         // ten times since: 11 grants after the one at 800, in 200 ms.
         pool = take(pool, 1, 800);
         pool = take(pool, 2, 850);
         for k in 0..10u8 {
-            let at = 860 + u64::from(k) * 14;
-            let ReturnPlan::Return(_, update) = pool.plan_return(holder(2 + k).digest, at) else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
-            pool = take(pool, 3 + k, at);
+            pool = hand_on(pool, holder(2 + k).digest, 3 + k, 860 + u64::from(k) * 14);
         }
         let mut pace = Pace::default();
         assert_eq!(pace.observe(&pool, 1_000), Seen::Glimpsed(55.0));
@@ -1101,31 +1082,13 @@ mod tests {
 
     #[test]
     fn a_forecast_learns_the_hold_and_expects_the_next_hand_off() {
-        use crate::domain::{BorrowPlan, Holder, LeaseDigest, ReturnPlan};
-        let holder = |n: u8| Holder {
-            digest: LeaseDigest([n; 8]),
-            ttl_ms: 60_000,
-        };
         let mut pool = Pool::new(2, 0);
-        for n in 0..2 {
-            let BorrowPlan::Take { update, .. } =
-                pool.plan_borrow(holder(n), 0, 1_000 + u64::from(n) * 100, 100)
-            else {
-                panic!()
-            };
-            pool = pool.apply(&update).unwrap();
-        }
+        pool = take(pool, 0, 1_000);
+        pool = take(pool, 1, 1_100);
         let mut forecast = Forecast::default();
         assert_eq!(forecast.observe(&pool, 1, 1_150), None, "no hold seen yet");
         // Slot 0 is handed on after 200 ms.
-        let ReturnPlan::Return(_, update) = pool.plan_return(holder(0).digest, 1_200) else {
-            panic!()
-        };
-        pool = pool.apply(&update).unwrap();
-        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(9), 0, 1_200, 100) else {
-            panic!()
-        };
-        pool = pool.apply(&update).unwrap();
+        pool = hand_on(pool, holder(0).digest, 9, 1_200);
         // Slot 1 (granted at 1100) is next, at 1300; slot 0 at 1400.
         assert_eq!(forecast.observe(&pool, 1, 1_210), Some(1_300));
         assert_eq!(forecast.observe(&pool, 2, 1_210), Some(1_400));

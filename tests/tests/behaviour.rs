@@ -8,20 +8,6 @@ use semaphore::Limits;
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use serde_json::{json, Value};
 
-/// Runs each scenario once per store.
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::Memory).await }) *
-        }
-        mod dynamodb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::DynamoDb).await }) *
-        }
-    };
-}
-
 on_both_stores!(
     register_creates_then_updates,
     unknown_pool_is_404_everywhere_but_delete,

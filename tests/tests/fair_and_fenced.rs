@@ -12,20 +12,8 @@ use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use serde_json::Value;
 use tokio::sync::{oneshot, Mutex};
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { super::$name(super::Backend::Memory).await }) *
-        }
-        mod dynamodb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-            async fn $name() { super::$name(super::Backend::DynamoDb).await }) *
-        }
-    };
-}
-
 on_both_stores!(
+    workers = 4;
     fences_strictly_increase_even_across_delete,
     a_borrow_with_a_lease_id_is_idempotent,
     concurrent_duplicates_take_one_slot,

@@ -92,19 +92,6 @@ impl PoolStore for Twisted {
     }
 }
 
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::Memory).await }) *
-        }
-        mod dynamodb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() { super::$name(super::Backend::DynamoDb).await }) *
-        }
-    };
-}
-
 on_both_stores!(
     unknown_outcomes_never_strand_a_slot,
     a_store_that_never_answers_gets_502_in_time,

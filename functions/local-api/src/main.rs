@@ -4,6 +4,7 @@
 //! ```text
 //! local-api --port P                                  # embedded in-memory store
 //! local-api --port P --dynamodb URL --table NAME      # DynamoDB (Local) at URL
+//!           [--bind ADDR]                             # default 127.0.0.1
 //!           [--log-format text|json]                  # json: the Lambda's EMF lines
 //! ```
 //!
@@ -11,10 +12,12 @@
 //! functions do, and refuses a bad value the same way (exit status 2).
 
 use std::convert::Infallible;
+use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
+use clap::{Parser, ValueEnum};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
@@ -27,71 +30,57 @@ use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
 use semaphore::{config, openapi, Limits, Route, Service};
 use tokio::net::TcpListener;
 
-const USAGE: &str =
-    "usage: local-api --port P [--dynamodb URL --table NAME] [--log-format text|json]";
-
 /// Requests are a few dozen bytes; anything this large is not ours.
 const MAX_BODY_BYTES: usize = 64 * 1024;
 
-#[derive(Debug, PartialEq)]
+/// The whole semaphore API on one local HTTP server, over the same code as
+/// the Lambda functions: an in-memory store, or DynamoDB (Local).
+///
+/// It reads MAX_TTL_SECONDS, MAX_WAIT_SECONDS and MAX_WAITERS as the functions
+/// do, and refuses a value out of range (exit status 2).
+#[derive(Debug, PartialEq, Parser)]
+#[command(name = "local-api", version)]
 struct Args {
+    /// Port to listen on; 0 picks a free one (printed at start).
+    #[arg(long)]
     port: u16,
-    dynamodb: Option<(String, String)>,
-    log_format: LogFormat,
+    /// Address to listen on: 0.0.0.0 (or ::) serves other machines too. The
+    /// pool UUID is the only credential, and this server speaks plain HTTP.
+    #[arg(long, default_value = "127.0.0.1")]
+    bind: IpAddr,
+    /// A DynamoDB endpoint (DynamoDB Local, for example http://127.0.0.1:8000)
+    /// instead of the in-memory store; the table is created if missing.
+    #[arg(long, value_name = "URL", requires = "table")]
+    dynamodb: Option<String>,
+    /// The DynamoDB table.
+    #[arg(long, value_name = "NAME", requires = "dynamodb")]
+    table: Option<String>,
+    /// Each request's log line: text, or json as the Lambda functions write it
+    /// (CloudWatch Embedded Metric Format).
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    log_format: Format,
 }
 
-fn parse_args(mut args: impl Iterator<Item = String>) -> Result<Args, String> {
-    let (mut port, mut url, mut table) = (None, None, None);
-    let mut log_format = LogFormat::Text;
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().ok_or(format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--port" => {
-                port = Some(
-                    value()?
-                        .parse::<u16>()
-                        .map_err(|e| format!("--port: {e}"))?,
-                )
-            }
-            "--dynamodb" => url = Some(value()?),
-            "--table" => table = Some(value()?),
-            "--log-format" => {
-                log_format = match value()?.as_str() {
-                    "text" => LogFormat::Text,
-                    "json" => LogFormat::Json,
-                    other => return Err(format!("--log-format: text or json, not {other:?}")),
-                }
-            }
-            "-h" | "--help" => return Err(String::new()),
-            other => return Err(format!("unknown argument {other}")),
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Json,
+}
+
+impl From<Format> for LogFormat {
+    fn from(format: Format) -> Self {
+        match format {
+            Format::Text => LogFormat::Text,
+            Format::Json => LogFormat::Json,
         }
     }
-    let port = port.ok_or("--port is required")?;
-    let dynamodb = match (url, table) {
-        (None, None) => None,
-        (Some(url), Some(table)) => Some((url, table)),
-        _ => return Err("--dynamodb and --table go together".into()),
-    };
-    Ok(Args {
-        port,
-        dynamodb,
-        log_format,
-    })
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     lambda_http::tracing::init_default_subscriber();
-    let args = match parse_args(std::env::args().skip(1)) {
-        Ok(args) => args,
-        Err(err) => {
-            if !err.is_empty() {
-                eprintln!("local-api: {err}");
-            }
-            eprintln!("{USAGE}");
-            return ExitCode::from(2);
-        }
-    };
+    // --help and --version exit 0; a bad argument prints usage, exit 2.
+    let args = Args::parse();
     // The same variables, ranges and refusal as the Lambda functions.
     let limits = match config::limits_from_env() {
         Ok(limits) => limits,
@@ -110,7 +99,8 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: Args, limits: Limits) -> Result<(), String> {
-    let (store, described): (Arc<dyn PoolStore>, String) = match &args.dynamodb {
+    let dynamodb = args.dynamodb.as_ref().zip(args.table.as_ref());
+    let (store, described): (Arc<dyn PoolStore>, String) = match dynamodb {
         None => (
             Arc::new(MemoryStore::new()),
             "embedded in-memory store".into(),
@@ -127,11 +117,16 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
         }
     };
     let service = Arc::new(Service::new(store, limits));
-    let listener = TcpListener::bind(("127.0.0.1", args.port))
+    let listener = TcpListener::bind(SocketAddr::new(args.bind, args.port))
         .await
-        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", args.port))?;
-    let port = listener.local_addr().map_err(|e| e.to_string())?.port();
-    println!("local-api listening on http://127.0.0.1:{port} ({described})");
+        .map_err(|e| {
+            format!(
+                "cannot listen on {}: {e}",
+                SocketAddr::new(args.bind, args.port)
+            )
+        })?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    println!("local-api listening on http://{addr} ({described})");
 
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
@@ -140,7 +135,7 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let service = service.clone();
-                let log_format = args.log_format;
+                let log_format = LogFormat::from(args.log_format);
                 tokio::spawn(async move {
                     let handler = hyper::service::service_fn(move |req| {
                         serve(service.clone(), log_format, req)
@@ -268,36 +263,52 @@ impl Drop for GiveUp {
 mod tests {
     use super::*;
 
-    fn args(s: &str) -> Result<Args, String> {
-        parse_args(s.split_whitespace().map(String::from))
+    fn args(s: &str) -> Result<Args, clap::Error> {
+        Args::try_parse_from(std::iter::once("local-api").chain(s.split_whitespace()))
     }
 
     #[test]
     fn parses_the_fixed_interface() {
+        let localhost = IpAddr::from([127, 0, 0, 1]);
         assert_eq!(
-            args("--port 3000"),
-            Ok(Args {
+            args("--port 3000").unwrap(),
+            Args {
                 port: 3000,
+                bind: localhost,
                 dynamodb: None,
-                log_format: LogFormat::Text,
-            })
+                table: None,
+                log_format: Format::Text,
+            }
         );
         assert_eq!(
-            args("--port 1 --dynamodb http://x:8000 --table t"),
-            Ok(Args {
+            args("--port 1 --dynamodb http://x:8000 --table t").unwrap(),
+            Args {
                 port: 1,
-                dynamodb: Some(("http://x:8000".into(), "t".into())),
-                log_format: LogFormat::Text,
-            })
+                bind: localhost,
+                dynamodb: Some("http://x:8000".into()),
+                table: Some("t".into()),
+                log_format: Format::Text,
+            }
         );
         assert_eq!(
-            args("--port 1 --log-format json").map(|a| a.log_format),
-            Ok(LogFormat::Json)
+            args("--port 1 --log-format json").unwrap().log_format,
+            Format::Json
         );
-        assert!(args("--port 1 --log-format yaml").is_err());
-        assert!(args("").is_err());
-        assert!(args("--port x").is_err());
-        assert!(args("--port 1 --dynamodb http://x").is_err());
-        assert!(args("--port 1 --bogus").is_err());
+        assert_eq!(
+            args("--port 1 --bind 0.0.0.0").unwrap().bind,
+            IpAddr::from([0, 0, 0, 0])
+        );
+        assert_eq!(args("--port 1 --bind ::").unwrap().bind.to_string(), "::");
+        for bad in [
+            "--port 1 --log-format yaml",
+            "",
+            "--port x",
+            "--port 1 --dynamodb http://x",
+            "--port 1 --table t",
+            "--port 1 --bind localhost:80",
+            "--port 1 --bogus",
+        ] {
+            assert!(args(bad).is_err(), "{bad:?} was accepted");
+        }
     }
 }

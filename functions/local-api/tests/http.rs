@@ -13,6 +13,8 @@ use serde_json::{json, Value};
 struct Server {
     child: Child,
     port: u16,
+    /// The line it printed first: where it listens.
+    first: String,
     /// Every line the server printed after its first.
     lines: Arc<Mutex<Vec<String>>>,
 }
@@ -34,12 +36,14 @@ impl Server {
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
+        // "local-api listening on http://ADDR:PORT (…)"
         let port = line
-            .split("127.0.0.1:")
-            .nth(1)
-            .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .split(" (")
+            .next()
+            .and_then(|url| url.rsplit(':').next())
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no port in {line:?}"));
+        let first = line;
         let lines = Arc::new(Mutex::new(Vec::new()));
         let collected = lines.clone();
         std::thread::spawn(move || {
@@ -47,7 +51,12 @@ impl Server {
                 collected.lock().unwrap().push(line);
             }
         });
-        Server { child, port, lines }
+        Server {
+            child,
+            port,
+            first,
+            lines,
+        }
     }
 
     /// The lines printed so far (after the first), waiting briefly for `n`.
@@ -159,6 +168,22 @@ fn serves_every_route_on_the_embedded_store() {
 }
 
 #[test]
+fn binds_the_address_it_is_given() {
+    let server = Server::start(&[]);
+    assert!(
+        server.first.contains("http://127.0.0.1:"),
+        "{}",
+        server.first
+    );
+    server.interrupt();
+    // All interfaces: reachable over loopback too.
+    let server = Server::start(&["--bind", "0.0.0.0"]);
+    assert!(server.first.contains("http://0.0.0.0:"), "{}", server.first);
+    full_session(&server);
+    server.interrupt();
+}
+
+#[test]
 fn serves_every_route_on_dynamodb_local() {
     let endpoint = std::env::var("DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
         panic!("DYNAMODB_ENDPOINT is not set: run the suite with tests/run, which starts DynamoDB Local")
@@ -177,7 +202,24 @@ fn bad_arguments_print_usage() {
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&output.stderr).contains("usage: local-api --port P"));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("Usage: local-api [OPTIONS] --port <PORT>"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_documents_every_option_and_exits_0() {
+    let output = Command::new(env!("CARGO_BIN_EXE_local-api"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    for option in ["--port", "--bind", "--dynamodb", "--table", "--log-format"] {
+        assert!(stdout.contains(option), "--help lacks {option}: {stdout}");
+    }
 }
 
 fn dynamodb_endpoint() -> String {

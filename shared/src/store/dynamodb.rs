@@ -96,7 +96,9 @@ impl DynamoDbStore {
         }
     }
 
-    /// Asks DynamoDB for consumed capacity on every call and adds it up.
+    /// Asks DynamoDB for consumed capacity on every call and adds it up
+    /// (for the benchmark: the functions never ask).
+    #[cfg(any(test, feature = "measure"))]
     pub fn with_capacity_tracking(mut self, total: Arc<AtomicU64>) -> Self {
         self.consumed_milli_units = Some(total);
         self
@@ -792,6 +794,8 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
 /// Bytes DynamoDB bills for an item, by its item-size rules: attribute names
 /// plus values; a number is one byte per two significant digits plus one; a
 /// map or list is 3 bytes plus, per element, its key, its value and one byte.
+/// For tests and the benchmark, which count what DynamoDB bills.
+#[cfg(any(test, feature = "measure"))]
 pub fn item_size(key: &PoolKey, record: &Record) -> usize {
     fn value_size(value: &AttributeValue) -> usize {
         match value {

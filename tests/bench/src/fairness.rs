@@ -216,7 +216,7 @@ pub async fn saturation(
     let returned = returns as usize;
     Ok(SaturationRow {
         backend: env.backend.name().into(),
-        strategy: strategy.name().into(),
+        strategy,
         latency_ms: env.backend.added_latency.as_millis() as u64,
         clients: spec.clients,
         count: spec.count,
@@ -434,7 +434,7 @@ pub async fn read_load(
     let reads = window.reads();
     Ok(ReadLoadRow {
         backend: env.backend.name().into(),
-        strategy: strategy.name().into(),
+        strategy,
         latency_ms: env.backend.added_latency.as_millis() as u64,
         waiters: n,
         waiting_at_window: active,

@@ -6,6 +6,7 @@ use std::fmt::Write;
 use serde::Serialize;
 
 use crate::plot::{cdf, Chart, Scale, Series, COLORS};
+use crate::scenarios::Strategy;
 use crate::stats::{round3, Summary};
 
 pub const DYNAMODB: &str = "dynamodb-local";
@@ -81,7 +82,7 @@ pub struct OpRow {
 #[derive(Serialize)]
 pub struct ContentionRow {
     pub backend: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     /// Simulated network delay per store call.
     pub latency_ms: u64,
     pub clients: usize,
@@ -122,7 +123,7 @@ pub struct ContentionRow {
 #[derive(Serialize)]
 pub struct CostRow {
     pub backend: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     pub latency_ms: u64,
     /// "uncontended (1 client)", "16 clients", "saturated (32 clients, hold 200 ms)".
     pub load: String,
@@ -134,7 +135,7 @@ pub struct CostRow {
 #[derive(Serialize)]
 pub struct SaturationRow {
     pub backend: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     pub latency_ms: u64,
     pub clients: usize,
     pub count: u16,
@@ -198,7 +199,7 @@ pub struct WriteTally {
 #[derive(Serialize)]
 pub struct ReadLoadRow {
     pub backend: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     pub latency_ms: u64,
     pub waiters: usize,
     /// Waiter tasks still waiting when the window opened.
@@ -224,7 +225,7 @@ pub struct ReadLoadRow {
 #[derive(Serialize)]
 pub struct WakeRow {
     pub backend: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     pub trigger: String,
     /// The waiter's store calls per sample, from its first read to its grant.
     pub waiter_reads_per_sample: f64,
@@ -239,7 +240,7 @@ pub struct WakeRow {
 #[derive(Serialize)]
 pub struct PollRow {
     pub backend: String,
-    pub strategy: String,
+    pub strategy: Strategy,
     pub seconds: f64,
     pub reads: u64,
     pub writes: u64,
@@ -295,7 +296,7 @@ impl Report {
     fn contention_row(
         &self,
         backend: &str,
-        strategy: &str,
+        strategy: Strategy,
         latency: u64,
         clients: usize,
     ) -> Option<&ContentionRow> {
@@ -318,7 +319,7 @@ impl Report {
             };
             cost.push(CostRow {
                 backend: r.backend.clone(),
-                strategy: r.strategy.clone(),
+                strategy: r.strategy,
                 latency_ms: r.latency_ms,
                 load,
                 wcu_per_cycle: r.model_wcu_per_cycle,
@@ -331,7 +332,7 @@ impl Report {
             let rcu = round3(r.borrow_rcu_per_grant + r.return_rcu_per_return);
             cost.push(CostRow {
                 backend: r.backend.clone(),
-                strategy: r.strategy.clone(),
+                strategy: r.strategy,
                 latency_ms: r.latency_ms,
                 load: format!("saturated ({} clients, hold {} ms)", r.clients, r.hold_ms),
                 wcu_per_cycle: wcu,
@@ -399,7 +400,7 @@ impl Report {
             prefer(
                 self.wake
                     .iter()
-                    .filter(|r| r.strategy == "new" && r.trigger == trigger),
+                    .filter(|r| r.strategy == Strategy::New && r.trigger == trigger),
                 |r| &r.backend,
             )
             .map(|r| {
@@ -426,9 +427,10 @@ impl Report {
 
         // Contention at +8 ms, count 4 (DynamoDB Local, else memory).
         let row = |clients: usize| {
-            ["dynamodb-local", MEMORY]
-                .into_iter()
-                .find_map(|b| self.contention_row(b, "new", 8, clients).map(|r| (b, r)))
+            ["dynamodb-local", MEMORY].into_iter().find_map(|b| {
+                self.contention_row(b, Strategy::New, 8, clients)
+                    .map(|r| (b, r))
+            })
         };
         let src = |b: &str, clients: usize| format!("{}, new, {clients} clients, +8 ms", on(b));
         for (clients, wcu_limit) in [(16, 2.3), (64, 4.5)] {
@@ -457,7 +459,7 @@ impl Report {
             c16.map(|(b, r)| (r.borrow.p99_ms, src(b, 16))),
         ));
         let ratio = c16.and_then(|(b, r)| {
-            let naive = self.contention_row(b, "naive", 8, 16)?;
+            let naive = self.contention_row(b, Strategy::Naive, 8, 16)?;
             (naive.cycles_per_s > 0.0).then(|| {
                 (
                     round3(r.cycles_per_s / naive.cycles_per_s),
@@ -475,7 +477,9 @@ impl Report {
 
         // Saturation.
         let sat = prefer(
-            self.saturation.iter().filter(|r| r.strategy == "new"),
+            self.saturation
+                .iter()
+                .filter(|r| r.strategy == Strategy::New),
             |r| &r.backend,
         );
         let sat_src = |r: &SaturationRow| {
@@ -561,7 +565,7 @@ impl Report {
             prefer(
                 self.read_load
                     .iter()
-                    .filter(|r| r.strategy == "new" && r.waiters == n),
+                    .filter(|r| r.strategy == Strategy::New && r.waiters == n),
                 |r| &r.backend,
             )
             .map(|r| {
@@ -584,7 +588,7 @@ impl Report {
             let rows = || {
                 self.read_load
                     .iter()
-                    .filter(|r| r.strategy == "new" && f(r).samples > 0)
+                    .filter(|r| r.strategy == Strategy::New && f(r).samples > 0)
             };
             let backend = if rows().any(|r| r.backend == DYNAMODB) {
                 DYNAMODB
@@ -728,11 +732,11 @@ impl Report {
             );
         }
         for backend in [DYNAMODB, MEMORY] {
-            for other in ["naive", "old"] {
+            for other in Strategy::ALL.into_iter().filter(|s| !s.is_service()) {
                 let ratios: Vec<String> = self
                     .contention
                     .iter()
-                    .filter(|r| r.backend == backend && r.strategy == "new")
+                    .filter(|r| r.backend == backend && r.strategy == Strategy::New)
                     .filter_map(|new| {
                         let o = self.contention_row(backend, other, new.latency_ms, new.clients)?;
                         (o.cycles_per_s > 0.0).then(|| {
@@ -1035,7 +1039,7 @@ impl Report {
     /// strategy, dashed with a simulated delay.
     fn by_clients(&self, backend: &str, f: fn(&ContentionRow) -> f64) -> Vec<Series> {
         let mut series = Vec::new();
-        for (i, strategy) in ["new", "old", "naive"].into_iter().enumerate() {
+        for (i, strategy) in Strategy::ALL.into_iter().enumerate() {
             for &latency in &self.meta.contention_latencies_ms {
                 let points: Vec<(f64, f64)> = self
                     .contention
@@ -1080,13 +1084,13 @@ impl Report {
                     .position(|t| *t == r.trigger)
                     .unwrap_or(i)
                     % COLORS.len()],
-                dashed: r.strategy != "new",
+                dashed: r.strategy != Strategy::New,
                 markers: false,
                 points: cdf(&r.delays_ms),
             })
             .collect();
         let mut read_load = Vec::new();
-        for (i, strategy) in ["new"].into_iter().enumerate() {
+        for (i, strategy) in [Strategy::New].into_iter().enumerate() {
             for backend in [DYNAMODB, MEMORY] {
                 let points: Vec<(f64, f64)> = self
                     .read_load

@@ -10,6 +10,7 @@ use semaphore::service::{now_ms, BorrowRequest, Call, Grant, Timing};
 use semaphore::store::Record;
 use semaphore::{Error, Limits, Service};
 use semaphore_tests::rng::Rng;
+use serde::Serialize;
 use uuid::Uuid;
 
 use crate::backend::{service_over, Backend, Breakdown};
@@ -70,13 +71,20 @@ pub fn request(ttl_ms: u64, wait_ms: u64) -> BorrowRequest {
 }
 
 /// What is compared: the service, or the baseline.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Strategy {
     /// The service as shipped: hand-off, fair waiting.
     New,
     /// [`Naive`]: whole-item conditions, re-read after every conflict,
     /// fixed 3 s sleep when full.
     Naive,
+}
+
+impl std::fmt::Display for Strategy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl Strategy {
@@ -483,7 +491,7 @@ pub async fn contention(
     let rcu = units(s.model_rcu_milli, cycles);
     Ok(ContentionRow {
         backend: env.backend.name().into(),
-        strategy: strategy.name().into(),
+        strategy,
         latency_ms: env.backend.added_latency.as_millis() as u64,
         clients,
         count: CONTENTION_COUNT,
@@ -638,7 +646,7 @@ pub async fn wake(
     let n = delays.len();
     Ok(WakeRow {
         backend: env.backend.name().into(),
-        strategy: strategy.name().into(),
+        strategy,
         trigger: trigger.name().into(),
         waiter_reads_per_sample: per(s.reads(), n),
         waiter_writes_per_sample: per(s.write_attempts(), n),
@@ -682,7 +690,7 @@ pub async fn polling(env: &Env, strategy: Strategy, seconds: f64) -> Result<Poll
     let reads = s.reads();
     Ok(PollRow {
         backend: env.backend.name().into(),
-        strategy: strategy.name().into(),
+        strategy,
         seconds: round3(elapsed),
         reads,
         writes: s.write_attempts(),
