@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 use lambda_http::{Body, Request, RequestExt, Response};
 
 use crate::api::{self, ApiResponse, Route};
+use crate::clock::now_ms;
 use crate::error::Error;
 use crate::metrics::LogFormat;
 use crate::openapi;
-use crate::service::{now_ms, Call, Service};
+use crate::service::{Call, Service};
 
 /// Handles one request for `route`. The id comes from the `id` path parameter,
 /// or from the raw path when there is none (Function URL, `cargo lambda watch`).

@@ -4,6 +4,7 @@
 //! [`api`] (HTTP mapping) → [`service`] → [`domain`] and the [`store`] trait.
 
 pub mod api;
+pub mod clock;
 pub mod config;
 pub mod domain;
 pub mod error;
@@ -11,6 +12,7 @@ pub mod keys;
 pub mod lambda;
 pub mod metrics;
 pub mod openapi;
+pub mod random;
 pub mod service;
 pub mod store;
 

@@ -11,8 +11,9 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
+use crate::clock::now_ms;
 use crate::keys::{self, PoolId};
-use crate::service::{now_ms, Stats};
+use crate::service::Stats;
 
 /// How a request's line is written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,11 +9,13 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
+use crate::clock::{now_ms, now_us};
 use crate::domain::{BorrowPlan, Holder, Lease, Pool, PoolState, ReturnPlan, Update, WaitPlan};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
+use crate::random::Jitter;
 use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 
 /// Bounds applied to requests (API.md: `ttl` and `wait` are clamped, never
@@ -198,18 +200,6 @@ impl Call {
             stats: Stats::default(),
         }
     }
-}
-
-/// Microseconds since the Unix epoch: a new pool's first fence.
-fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
-        .unwrap_or(0)
-}
-
-pub fn now_ms() -> u64 {
-    now_us() / 1000
 }
 
 pub struct Service {
@@ -945,24 +935,6 @@ enum Seen {
     Granting(f64),
 }
 
-/// Jitter, so that waiters and retries spread out instead of moving in
-/// lockstep. A tiny xorshift seeded from the OS RNG is plenty here.
-struct Jitter(u64);
-
-impl Jitter {
-    fn new() -> Self {
-        Jitter(crate::store::random_u64() | 1)
-    }
-
-    /// Uniform in [0, 1).
-    fn next_unit(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1105,14 +1077,5 @@ mod tests {
         assert_eq!(timing.near(1_003, 1_000), ms(10));
         assert_eq!(timing.near(1_000, 1_030), ms(10));
         assert_eq!(timing.near(1_000, 1_041), Duration::MAX);
-    }
-
-    #[test]
-    fn jitter_is_uniform_in_the_unit_interval() {
-        let mut jitter = Jitter::new();
-        let samples: Vec<f64> = (0..10_000).map(|_| jitter.next_unit()).collect();
-        assert!(samples.iter().all(|u| (0.0..1.0).contains(u)));
-        let mean = samples.iter().sum::<f64>() / samples.len() as f64;
-        assert!((mean - 0.5).abs() < 0.02, "{mean}");
     }
 }

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
+use semaphore::clock::now_ms;
 use semaphore::domain::{Change, LeaseDigest, Ticket, Update};
 use semaphore::keys::{LeaseId, PoolKey};
-use semaphore::service::now_ms;
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 use std::sync::Arc;
 

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use semaphore::service::now_ms;
+use semaphore::clock::now_ms;
 
 use crate::harness::ApiClient;
 use crate::history::{Call, History, Op};

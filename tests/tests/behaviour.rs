@@ -109,9 +109,9 @@ async fn borrow_response_reports_expiry(backend: Backend) {
     let api = ApiClient::for_backend(backend).await;
     let id = pool_id();
     api.register(&id, 2).await;
-    let before = semaphore::service::now_ms();
+    let before = semaphore::clock::now_ms();
     let (status, body) = api.borrow(&id, 30.0, 0.0).await;
-    let after = semaphore::service::now_ms();
+    let after = semaphore::clock::now_ms();
     assert_eq!(status, 200);
     let keys: Vec<&str> = body
         .as_object()

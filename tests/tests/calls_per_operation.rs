@@ -4,9 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Holder};
 use semaphore::keys::LeaseId;
-use semaphore::service::now_ms;
 use semaphore::store::Updated;
 use semaphore::Limits;
 use semaphore_tests::counting::{Counters, Outcome};

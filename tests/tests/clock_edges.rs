@@ -4,9 +4,10 @@
 
 use std::time::{Duration, Instant};
 
+use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Holder, LeaseDigest, Pool, ReturnPlan};
 use semaphore::keys::{LeaseId, PoolId};
-use semaphore::service::{now_ms, BorrowRequest, Call};
+use semaphore::service::{BorrowRequest, Call};
 use semaphore::Limits;
 use semaphore_tests::harness::{dynamodb_store, memory_store, pool_id, ApiClient};
 

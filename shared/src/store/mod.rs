@@ -32,7 +32,7 @@ impl Record {
     /// A new pool's record, with a fresh incarnation.
     pub fn new(pool: Pool) -> Self {
         Record {
-            incarnation: random_u64(),
+            incarnation: crate::random::random_u64(),
             pool,
         }
     }
@@ -118,9 +118,4 @@ pub trait PoolStore: Send + Sync {
 
     /// Removes the pool. Returns whether one was there.
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError>;
-}
-
-/// 64 random bits from the OS RNG (via uuid's v4 generator, already a dependency).
-pub fn random_u64() -> u64 {
-    uuid::Uuid::new_v4().as_u64_pair().0
 }

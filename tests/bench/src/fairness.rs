@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use semaphore::clock::now_ms;
 use semaphore::keys::LeaseId;
-use semaphore::service::now_ms;
 use semaphore::{Error, Limits};
 use semaphore_tests::counting::{Counters, IN_RETURN};
 use semaphore_tests::rng::Rng;

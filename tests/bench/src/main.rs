@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use semaphore::service::now_ms;
+use semaphore::clock::now_ms;
 use semaphore::store::MemoryStore;
 use semaphore::Limits;
 

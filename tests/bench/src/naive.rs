@@ -8,9 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Expect, Holder, Lease, Pool, ReturnPlan, Slot, Update};
 use semaphore::keys::{LeaseId, PoolKey};
-use semaphore::service::now_ms;
 use semaphore::store::{PoolStore, StoreError, StoreErrorKind, Updated};
 
 pub const FULL_SLEEP: Duration = Duration::from_secs(3);

@@ -4,9 +4,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Holder, Lease, Pool, Slot, Stamp};
 use semaphore::keys::{LeaseId, PoolId};
-use semaphore::service::{now_ms, BorrowRequest, Call, Grant, Timing};
+use semaphore::service::{BorrowRequest, Call, Grant, Timing};
 use semaphore::store::Record;
 use semaphore::{Error, Limits, Service};
 use semaphore_tests::rng::Rng;

@@ -2,7 +2,7 @@
 //! against it.
 //!
 //! Times are wall-clock Unix milliseconds, the clock the server judges expiry
-//! by (`semaphore::service::now_ms`): a lease is live at ms `t` iff
+//! by (`semaphore::clock::now_ms`): a lease is live at ms `t` iff
 //! `t < expires_at_ms`. Recorded times are that clock read just before the
 //! call and just after it, so every server reading of the clock and every store
 //! effect of a call lies inside its window `[invoke_ms, response_ms]`.
