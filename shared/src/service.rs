@@ -534,30 +534,13 @@ impl Borrower {
         let mut lost = 0u32;
         let mut pace = Pace::default();
         let mut forecast = Forecast::default();
-        let mut dbg_nap = Duration::ZERO;
-        let mut dbg_ahead = 0usize;
-        let mut dbg_reads = 0u32;
-        let mut dbg_seen = Vec::new();
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
             }
             let now = now_ms();
             let (ahead, needed) = match record.pool.plan_wait(&mine, joined_ms, now) {
-                WaitPlan::Granted(lease) => {
-                    if std::env::var("DBG_WAIT").is_ok() {
-                        eprintln!(
-                            "DBG t={} late={} lastnap={:?} lastahead={} reads={} seen={:?}",
-                            now % 100000,
-                            now.saturating_sub(lease.granted_ms),
-                            dbg_nap,
-                            dbg_ahead,
-                            dbg_reads,
-                            dbg_seen
-                        );
-                    }
-                    return Ok(self.grant(&lease, now, false));
-                }
+                WaitPlan::Granted(lease) => return Ok(self.grant(&lease, now, false)),
                 // Cancelled by a return of its lease id, or pruned as dead.
                 WaitPlan::Gone => return Err(Error::Exhausted),
                 WaitPlan::Waiting {
@@ -583,7 +566,6 @@ impl Borrower {
                     .await;
             }
             let nap = ctx.poll_interval(ahead, needed, &record.pool, now, &mut pace);
-            let dbg_pace = nap.as_millis();
             // Read around the time the slot it waits for is expected to be
             // handed on (a shorter nap only, never a longer one).
             let nap = match forecast.observe(&record.pool, needed, now) {
@@ -604,10 +586,6 @@ impl Borrower {
                 None => nap,
             };
             let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
-            dbg_nap = nap;
-            dbg_ahead = ahead;
-            dbg_reads += 1;
-            dbg_seen.push((ahead, needed, dbg_pace, nap.as_millis()));
             tokio::time::sleep(nap).await;
             ctx.stats.waited += nap;
             record = ctx.load_existing(&self.key).await?;

@@ -185,9 +185,7 @@ fn binds_the_address_it_is_given() {
 
 #[test]
 fn serves_every_route_on_dynamodb_local() {
-    let endpoint = std::env::var("DYNAMODB_ENDPOINT").unwrap_or_else(|_| {
-        panic!("DYNAMODB_ENDPOINT is not set: run the suite with tests/run, which starts DynamoDB Local")
-    });
+    let endpoint = dynamodb_endpoint();
     // A table of its own proves the server creates a missing table.
     let table = format!("local-api-{}", uuid::Uuid::new_v4().simple());
     let server = Server::start(&["--dynamodb", &endpoint, "--table", &table]);
@@ -195,14 +193,23 @@ fn serves_every_route_on_dynamodb_local() {
     server.interrupt();
 }
 
-#[test]
-fn bad_arguments_print_usage() {
+/// local-api run with `arg` alone: its exit status, stdout and stderr.
+fn run_with(arg: &str) -> (Option<i32>, String, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_local-api"))
-        .arg("--nonsense")
+        .arg(arg)
         .output()
         .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_arguments_print_usage() {
+    let (status, _, stderr) = run_with("--nonsense");
+    assert_eq!(status, Some(2));
     assert!(
         stderr.contains("Usage: local-api [OPTIONS] --port <PORT>"),
         "{stderr}"
@@ -211,12 +218,8 @@ fn bad_arguments_print_usage() {
 
 #[test]
 fn help_documents_every_option_and_exits_0() {
-    let output = Command::new(env!("CARGO_BIN_EXE_local-api"))
-        .arg("--help")
-        .output()
-        .unwrap();
-    assert_eq!(output.status.code(), Some(0));
-    let stdout = String::from_utf8_lossy(&output.stdout);
+    let (status, stdout, _) = run_with("--help");
+    assert_eq!(status, Some(0));
     for option in ["--port", "--bind", "--dynamodb", "--table", "--log-format"] {
         assert!(stdout.contains(option), "--help lacks {option}: {stdout}");
     }
