@@ -117,14 +117,10 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
         }
     };
     let service = Arc::new(Service::new(store, limits));
-    let listener = TcpListener::bind(SocketAddr::new(args.bind, args.port))
+    let wanted = SocketAddr::new(args.bind, args.port);
+    let listener = TcpListener::bind(wanted)
         .await
-        .map_err(|e| {
-            format!(
-                "cannot listen on {}: {e}",
-                SocketAddr::new(args.bind, args.port)
-            )
-        })?;
+        .map_err(|e| format!("cannot listen on {wanted}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     println!("local-api listening on http://{addr} ({described})");
 

@@ -19,7 +19,7 @@ use semaphore::{config, Limits, Service};
 
 use semaphore_tests::counting::{Counters, CountingStore, HttpCounter, IN_RETURN};
 
-use crate::report::WriteTally;
+use crate::report::{WriteTally, DYNAMODB, MEMORY};
 
 pub const TABLE: &str = "semaphore-bench";
 
@@ -43,8 +43,8 @@ pub struct Backend {
 impl Backend {
     pub fn name(&self) -> &'static str {
         match self.store {
-            Store::DynamoDb { .. } => "dynamodb-local",
-            Store::Memory(_) => "memory",
+            Store::DynamoDb { .. } => DYNAMODB,
+            Store::Memory(_) => MEMORY,
         }
     }
 

@@ -427,7 +427,7 @@ impl Report {
 
         // Contention at +8 ms, count 4 (DynamoDB Local, else memory).
         let row = |clients: usize| {
-            ["dynamodb-local", MEMORY].into_iter().find_map(|b| {
+            [DYNAMODB, MEMORY].into_iter().find_map(|b| {
                 self.contention_row(b, Strategy::New, 8, clients)
                     .map(|r| (b, r))
             })
