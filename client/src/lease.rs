@@ -4,76 +4,9 @@
 use std::fmt;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use serde_json::{json, Value};
 use uuid::Uuid;
 
-use crate::{short, Error, Pool};
-
-/// What a borrow answered (`POST /l/{id}/borrow`'s body).
-#[derive(Clone, PartialEq)]
-#[non_exhaustive]
-pub struct Grant {
-    /// The lease UUID: a secret of its holder.
-    pub lease: Uuid,
-    /// The slot number, `0 … count-1`.
-    pub position: u32,
-    /// When the lease ends, in whole Unix seconds, rounded down.
-    pub expires_at_unix: u64,
-    /// Seconds the lease had left when the server answered: the ttl granted
-    /// (clamped to the server's maximum) when a slot was free, less when the
-    /// slot was handed over during a wait or the answer repeats a grant.
-    pub expires_in: f64,
-    /// The fencing token; `None` only from a server older than fencing.
-    pub fence: Option<u64>,
-}
-
-impl fmt::Debug for Grant {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Grant")
-            .field("lease", &short(self.lease))
-            .field("position", &self.position)
-            .field("expires_at_unix", &self.expires_at_unix)
-            .field("expires_in", &self.expires_in)
-            .field("fence", &self.fence)
-            .finish()
-    }
-}
-
-impl Grant {
-    pub(crate) fn parse(body: &Value) -> Option<Grant> {
-        Some(Grant {
-            lease: Uuid::parse_str(body.get("lease")?.as_str()?).ok()?,
-            position: u32::try_from(body.get("position")?.as_u64()?).ok()?,
-            expires_at_unix: body.get("expires_at_unix")?.as_u64()?,
-            expires_in: body
-                .get("expires_in")?
-                .as_f64()
-                .filter(|s| s.is_finite() && *s >= 0.0)?,
-            fence: match body.get("fence") {
-                None => None,
-                Some(fence) => Some(fence.as_u64()?),
-            },
-        })
-    }
-
-    /// The grant as the server's JSON body.
-    pub fn to_json(&self) -> Value {
-        let mut body = json!({
-            "lease": self.lease.hyphenated().to_string(),
-            "position": self.position,
-            "expires_at_unix": self.expires_at_unix,
-            "expires_in": if self.expires_in.fract() == 0.0 && self.expires_in < 1e15 {
-                json!(self.expires_in as u64)
-            } else {
-                json!(self.expires_in)
-            },
-        });
-        if let (Some(fence), Some(map)) = (self.fence, body.as_object_mut()) {
-            map.insert("fence".into(), json!(fence));
-        }
-        body
-    }
-}
+use crate::{Error, Grant, Pool};
 
 /// A held slot of a pool. Dropping it without [`release`](Lease::release)
 /// or [`detach`](Lease::detach) returns it in the background, bounded and
@@ -111,7 +44,7 @@ impl Lease {
         started: Instant,
         received: Instant,
     ) -> Lease {
-        let left = Duration::try_from_secs_f64(grant.expires_in).unwrap_or(Duration::ZERO);
+        let left = grant.expires_in.as_duration();
         // The slot was granted after the borrow started, so the ttl granted
         // is at most what is left plus the time since: less than asked means
         // the server clamped it (a hand-off after a wait alone cannot).
@@ -183,7 +116,7 @@ impl Lease {
     /// let it expire): dropping no longer returns it.
     pub fn detach(mut self) -> Grant {
         self.armed = false;
-        self.grant.clone()
+        self.grant
     }
 }
 

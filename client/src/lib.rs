@@ -87,12 +87,18 @@ use std::time::{Duration, Instant};
 
 use reqwest::header::CONTENT_TYPE;
 use reqwest::{Method, Url};
-use serde_json::{json, Value};
+use semaphore_wire::{
+    Backoff, BorrowBody, Deleted, ErrorBody, Jitter, RegisterBody, ReturnBody, Returned, Seconds,
+    POOL_NOT_FOUND,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use tokio::sync::Notify;
 
 pub use error::Error;
-pub use lease::{Grant, Lease};
-pub use uuid::Uuid;
+pub use lease::Lease;
+/// The wire model's bodies, as the service answers them.
+pub use semaphore_wire::{short, Grant, PoolState, Uuid};
 
 /// Longest `wait` asked of the server in one request. API Gateway ends every
 /// request at 30 s, so a deployed server never blocks longer than this anyway.
@@ -101,10 +107,11 @@ const LONGEST_ASK: Duration = Duration::from_secs(28);
 const REQUEST_SLACK: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before borrowing again after a `409` that came much sooner than asked.
-const QUICK_409_PAUSE: Backoff = Backoff {
-    base: Duration::from_millis(100),
-    cap: Duration::from_secs(2),
-};
+const QUICK_409_PAUSE: Backoff = Backoff::new(
+    Duration::from_millis(100),
+    Duration::from_secs(2),
+    Jitter::Equal,
+);
 /// A return sent in the background (a dropped lease or borrow) is retried
 /// this way, and given up after [`BACKGROUND_DEADLINE`] in all: it must not
 /// keep a runtime busy for long, and the slot frees itself at its ttl anyway.
@@ -117,7 +124,7 @@ const BACKGROUND_DEADLINE: Duration = Duration::from_secs(5);
 
 /// How failed requests are retried: up to `retries` more attempts, sleeping
 /// `base` doubling per attempt up to `cap`, each sleep jittered between half
-/// and all of it.
+/// and all of it (the wire crate's [`Backoff`] with equal jitter).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RetryPolicy {
@@ -148,21 +155,9 @@ impl RetryPolicy {
         self.retries = retries;
         self
     }
-}
 
-#[derive(Clone, Copy, Debug)]
-struct Backoff {
-    base: Duration,
-    cap: Duration,
-}
-
-impl Backoff {
-    /// The `step`th pause (from 0): `base · 2^step`, at most `cap`, then
-    /// "equal jitter" (half fixed, half random) so that clients that failed
-    /// together do not retry together, yet never retry at once.
-    fn pause(self, step: u32) -> Duration {
-        let full = self.base.saturating_mul(1 << step.min(20)).min(self.cap);
-        full / 2 + full.mul_f64(fastrand::f64() / 2.0)
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.base, self.cap, Jitter::Equal)
     }
 }
 
@@ -285,12 +280,9 @@ impl Client {
         &self,
         method: Method,
         url: &Url,
-        mut attempt: impl FnMut() -> (Option<Value>, Duration),
+        mut attempt: impl FnMut() -> (Option<String>, Duration),
     ) -> Result<Answer, Error> {
-        let backoff = Backoff {
-            base: self.retry.base,
-            cap: self.retry.cap,
-        };
+        let backoff = self.retry.backoff();
         let mut attempts = 0;
         loop {
             attempts += 1;
@@ -300,9 +292,7 @@ impl Client {
                 .request(method.clone(), url.clone())
                 .timeout(timeout);
             if let Some(body) = body {
-                request = request
-                    .header(CONTENT_TYPE, "application/json")
-                    .body(body.to_string());
+                request = request.header(CONTENT_TYPE, "application/json").body(body);
             }
             let failure = match request.send().await {
                 Ok(response) => {
@@ -354,30 +344,35 @@ fn describe(err: reqwest::Error) -> String {
     text
 }
 
-/// A response: its status and JSON body (`Null` when it was not JSON).
+/// A response: its status and body.
 struct Answer {
     status: u16,
-    body: Value,
-    raw: String,
+    body: Vec<u8>,
+    /// The server's `error`, when the body is the service's error answer.
+    error: Option<String>,
 }
 
 impl Answer {
     fn new(status: u16, bytes: &[u8]) -> Answer {
-        let start = String::from_utf8_lossy(&bytes[..bytes.len().min(200)]);
         Answer {
             status,
-            body: serde_json::from_slice(bytes).unwrap_or(Value::Null),
-            // On one line: an HTML page quoted in an error stays readable.
-            raw: start.split_whitespace().collect::<Vec<_>>().join(" "),
+            body: bytes.to_vec(),
+            error: serde_json::from_slice::<ErrorBody>(bytes)
+                .ok()
+                .map(|body| body.error),
         }
+    }
+
+    /// The start of the body, on one line: an HTML page quoted in an error
+    /// stays readable.
+    fn start(&self) -> String {
+        let start = String::from_utf8_lossy(&self.body[..self.body.len().min(200)]);
+        start.split_whitespace().collect::<Vec<_>>().join(" ")
     }
 
     /// The server's `error`, or the start of the body.
     fn message(&self) -> String {
-        match self.body.get("error").and_then(Value::as_str) {
-            Some(message) => message.to_string(),
-            None => self.raw.clone(),
-        }
+        self.error.clone().unwrap_or_else(|| self.start())
     }
 
     /// The error for a status that is not the route's success.
@@ -387,52 +382,20 @@ impl Answer {
             // Only the service's own answer means the pool is missing: a
             // route it does not know answers `not found`, and another server
             // (a wrong URL) anything at all.
-            404 if self.body.get("error").and_then(Value::as_str) == Some("pool not found") => {
-                Error::PoolNotFound
-            }
+            404 if self.error.as_deref() == Some(POOL_NOT_FOUND) => Error::PoolNotFound,
             404 => Error::RouteNotFound(self.message()),
             500 => Error::ServerBug(self.message()),
             status => Error::Unexpected(format!("HTTP {status}: {}", self.message())),
         }
     }
 
-    /// A `200` parsed by `parse`, or the error the answer stands for.
-    fn success<T>(self, parse: impl FnOnce(&Value) -> Option<T>) -> Result<T, Error> {
+    /// A `200`'s body as `T`, or the error the answer stands for.
+    fn success<T: DeserializeOwned>(self) -> Result<T, Error> {
         if self.status != 200 {
             return Err(self.error());
         }
-        parse(&self.body).ok_or_else(|| Error::Unexpected(format!("HTTP 200: {}", self.raw)))
-    }
-}
-
-/// A pool's state, as `PUT` and `GET /l/{id}` answer it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct PoolState {
-    pub count: u32,
-    pub in_use: u32,
-    pub available: u32,
-    /// Borrowers waiting in the pool's queue; `None` from a server older
-    /// than this field.
-    pub waiting: Option<u32>,
-}
-
-impl PoolState {
-    fn parse(body: &Value) -> Option<PoolState> {
-        let field = |name| {
-            body.get(name)
-                .and_then(Value::as_u64)
-                .and_then(|n| u32::try_from(n).ok())
-        };
-        Some(PoolState {
-            count: field("count")?,
-            in_use: field("in_use")?,
-            available: field("available")?,
-            waiting: match body.get("waiting") {
-                None => None,
-                Some(_) => Some(field("waiting")?),
-            },
-        })
+        serde_json::from_slice(&self.body)
+            .map_err(|_| Error::Unexpected(format!("HTTP 200: {}", self.start())))
     }
 }
 
@@ -457,7 +420,7 @@ impl fmt::Debug for Borrow {
         f.debug_struct("Borrow")
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
-            .field("lease", &self.lease.map(short))
+            .field("lease", &self.lease.as_ref().map(short))
             .finish()
     }
 }
@@ -515,42 +478,45 @@ impl Pool {
     /// The id's first 8 hex digits: enough to tell pools apart in a log,
     /// not enough to use one (the whole id is a credential).
     pub fn short_id(&self) -> String {
-        short(self.id)
+        short(&self.id)
     }
 
     fn path(&self, action: &str) -> String {
         format!("l/{}{action}", self.id.hyphenated())
     }
 
+    /// One request on the pool (`action` after its path) that a `200` with a
+    /// `T` answers; no wait, so the usual time allowed.
+    async fn request<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        action: &str,
+        body: Option<String>,
+    ) -> Result<T, Error> {
+        let url = self.client.url(&self.path(action))?;
+        self.client
+            .call(method, &url, || (body.clone(), REQUEST_SLACK))
+            .await?
+            .success()
+    }
+
     /// `PUT /l/{id}`: creates the pool with `count` slots (0 to 1000), or
     /// changes its count, keeping live leases.
     pub async fn register(&self, count: u16) -> Result<PoolState, Error> {
-        let url = self.client.url(&self.path(""))?;
-        self.client
-            .call(Method::PUT, &url, || {
-                (Some(json!({ "count": count })), REQUEST_SLACK)
-            })
-            .await?
-            .success(PoolState::parse)
+        let count = body(RegisterBody { count });
+        self.request(Method::PUT, "", Some(count)).await
     }
 
     /// `GET /l/{id}`.
     pub async fn inspect(&self) -> Result<PoolState, Error> {
-        let url = self.client.url(&self.path(""))?;
-        self.client
-            .call(Method::GET, &url, || (None, REQUEST_SLACK))
-            .await?
-            .success(PoolState::parse)
+        self.request(Method::GET, "", None).await
     }
 
     /// `DELETE /l/{id}`: whether a pool was removed. (After a retried
     /// request, `false` can also mean an earlier attempt removed it.)
     pub async fn delete(&self) -> Result<bool, Error> {
-        let url = self.client.url(&self.path(""))?;
-        self.client
-            .call(Method::DELETE, &url, || (None, REQUEST_SLACK))
-            .await?
-            .success(|body| body.get("deleted")?.as_bool())
+        let answer: Deleted = self.request(Method::DELETE, "", None).await?;
+        Ok(answer.deleted)
     }
 
     /// `POST /l/{id}/return`: whether a live lease was ended. (After a
@@ -561,16 +527,9 @@ impl Pool {
     /// nothing was held), so this also gives up a borrow made with
     /// [`Borrow::lease_id`] from elsewhere.
     pub async fn return_lease(&self, lease: Uuid) -> Result<bool, Error> {
-        let url = self.client.url(&self.path("/return"))?;
-        self.client
-            .call(Method::POST, &url, || {
-                (
-                    Some(json!({ "lease": lease.hyphenated().to_string() })),
-                    REQUEST_SLACK,
-                )
-            })
-            .await?
-            .success(|body| body.get("returned")?.as_bool())
+        let lease = body(ReturnBody { lease });
+        let answer: Returned = self.request(Method::POST, "/return", Some(lease)).await?;
+        Ok(answer.returned)
     }
 
     /// Borrows a slot as `ask` says: for its ttl, waiting up to its wait for
@@ -617,17 +576,17 @@ impl Pool {
                     sent_at = Instant::now();
                     // A retry asks only for what is left of the caller's wait.
                     asked = deadline.saturating_duration_since(sent_at).min(LONGEST_ASK);
-                    let body = json!({
-                        "ttl": seconds(ttl),
-                        "wait": seconds(asked),
-                        "lease": lease.hyphenated().to_string(),
-                    });
-                    (Some(body), asked + REQUEST_SLACK)
+                    let ask = BorrowBody {
+                        ttl: Seconds::from(ttl),
+                        wait: Seconds::from(asked),
+                        lease: Some(lease),
+                    };
+                    (Some(body(ask)), asked + REQUEST_SLACK)
                 })
                 .await?;
             let received = Instant::now();
             if answer.status != 409 {
-                let grant = answer.success(Grant::parse)?;
+                let grant = answer.success()?;
                 return Ok(Lease::new(self.clone(), grant, ttl, started, received));
             }
             if received >= deadline {
@@ -728,30 +687,15 @@ impl Drop for GiveUp<'_> {
     }
 }
 
-/// Seconds as a JSON number, kept to the millisecond like the server.
-fn seconds(duration: Duration) -> Value {
-    let ms = duration.as_millis().min(u128::from(u64::MAX)) as u64;
-    if ms.is_multiple_of(1000) {
-        json!(ms / 1000)
-    } else {
-        json!(ms as f64 / 1000.0)
-    }
-}
-
-/// The first 8 hex digits of a UUID, for logs and status lines.
-pub fn short(id: Uuid) -> String {
-    id.simple().to_string()[..8].to_string()
+/// A request body as JSON.
+fn body(body: impl Serialize) -> String {
+    // The wire types have string keys only: this cannot fail.
+    serde_json::to_string(&body).unwrap_or_default()
 }
 
 /// A duration for people: `5 s`, `0.25 s`, `90 s`.
 pub fn format_seconds(duration: Duration) -> String {
-    let ms = duration.as_millis();
-    if ms.is_multiple_of(1000) {
-        format!("{} s", ms / 1000)
-    } else {
-        let text = format!("{:.3}", ms as f64 / 1000.0);
-        format!("{} s", text.trim_end_matches('0'))
-    }
+    Seconds::from(duration).to_string()
 }
 
 #[cfg(test)]
@@ -783,24 +727,7 @@ mod tests {
     }
 
     #[test]
-    fn backoff_grows_to_its_cap_with_jitter() {
-        let b = Backoff {
-            base: Duration::from_millis(100),
-            cap: Duration::from_secs(1),
-        };
-        for step in 0..40 {
-            let full =
-                Duration::from_millis(100 * (1u64 << step.min(4))).min(Duration::from_secs(1));
-            let pause = b.pause(step);
-            assert!(pause >= full / 2 && pause <= full, "{step}: {pause:?}");
-        }
-    }
-
-    #[test]
-    fn seconds_keep_milliseconds() {
-        assert_eq!(seconds(Duration::from_secs(30)), json!(30));
-        assert_eq!(seconds(Duration::from_millis(1500)), json!(1.5));
-        assert_eq!(seconds(Duration::from_micros(200)), json!(0));
+    fn durations_read_as_seconds() {
         assert_eq!(format_seconds(Duration::from_millis(250)), "0.25 s");
         assert_eq!(format_seconds(Duration::from_secs(5)), "5 s");
     }
@@ -838,7 +765,7 @@ mod tests {
             Error::Unexpected(m) if m.contains("405") && m.contains("<html>")
         ));
         assert!(matches!(
-            answer(200, r#"{"count":"x"}"#).success(PoolState::parse),
+            answer(200, r#"{"count":"x"}"#).success::<PoolState>(),
             Err(Error::Unexpected(_))
         ));
         assert!([429, 502, 503, 504].into_iter().all(is_retryable));
@@ -846,31 +773,9 @@ mod tests {
     }
 
     #[test]
-    fn pool_states_parse_with_and_without_waiting() {
-        let state = |body: Value| PoolState::parse(&body);
-        assert_eq!(
-            state(json!({"count": 2, "in_use": 1, "available": 1, "waiting": 3})),
-            Some(PoolState {
-                count: 2,
-                in_use: 1,
-                available: 1,
-                waiting: Some(3)
-            })
-        );
-        assert_eq!(
-            state(json!({"count": 2, "in_use": 1, "available": 1})).map(|s| s.waiting),
-            Some(None)
-        );
-        assert_eq!(
-            state(json!({"count": 2, "in_use": 1, "available": 1, "waiting": "x"})),
-            None
-        );
-    }
-
-    #[test]
     fn ids_are_shortened_for_logs() {
         let id: Uuid = "9F1C2E7A-5B3D-4C8E-A1F0-6D2B9C4E7A01".parse().unwrap();
-        assert_eq!(short(id), "9f1c2e7a");
+        assert_eq!(short(&id), "9f1c2e7a");
         let pool = Client::new("http://x").unwrap().pool(id);
         let debug = format!("{pool:?}");
         assert!(

@@ -1,6 +1,9 @@
 //! The real `semaphore` binary against a real `local-api`, on the in-memory
 //! store and on DynamoDB Local.
 
+#[macro_use]
+extern crate semaphore_tests;
+
 mod support;
 
 use std::fs;
@@ -9,8 +12,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use semaphore_client::{Borrow, Uuid};
+use semaphore_tests::Backend;
 use serde_json::Value;
-use support::{block, in_use, new_pool, wait_until, Fault, Proxy, Server, Store};
+use support::{block, in_use, new_pool, wait_until, Fault, Proxy, Server};
 
 const SEMAPHORE: &str = env!("CARGO_BIN_EXE_semaphore");
 
@@ -136,6 +140,7 @@ fn signal(pid: u32, signal: nix::sys::signal::Signal) {
 }
 
 on_both_stores!(
+    sync;
     subcommands_print_the_services_json,
     run_passes_the_commands_status_through,
     run_exits_1_when_no_slot_frees_up_and_e_changes_it,
@@ -150,7 +155,7 @@ on_both_stores!(
     run_stops_the_command_before_the_ttl_the_server_granted,
 );
 
-fn subcommands_print_the_services_json(store: Store) {
+fn subcommands_print_the_services_json(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = Uuid::new_v4();
     let id = pool.hyphenated().to_string();
@@ -201,7 +206,7 @@ fn subcommands_print_the_services_json(store: Store) {
     assert_eq!(code(&out), 66);
 }
 
-fn run_passes_the_commands_status_through(store: Store) {
+fn run_passes_the_commands_status_through(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "sh", "-c", "exit 7"]));
@@ -225,7 +230,7 @@ fn run_passes_the_commands_status_through(store: Store) {
     assert_eq!(in_use(&pool), 0);
 }
 
-fn run_exits_1_when_no_slot_frees_up_and_e_changes_it(store: Store) {
+fn run_exits_1_when_no_slot_frees_up_and_e_changes_it(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let held = block(pool.borrow(Borrow::ttl(Duration::from_secs(60)))).expect("hold the slot");
@@ -262,7 +267,7 @@ fn run_exits_1_when_no_slot_frees_up_and_e_changes_it(store: Store) {
     block(held.release()).expect("release");
 }
 
-fn run_gives_command_its_lease_in_the_environment(store: Store) {
+fn run_gives_command_its_lease_in_the_environment(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 3);
     let before = SystemTime::now()
@@ -297,7 +302,7 @@ fn run_gives_command_its_lease_in_the_environment(store: Store) {
     assert_eq!(in_use(&pool), 0);
 }
 
-fn run_exports_a_fence_that_grows(store: Store) {
+fn run_exports_a_fence_that_grows(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let fence = || {
@@ -318,7 +323,7 @@ fn run_exports_a_fence_that_grows(store: Store) {
     assert!(second > first, "fence {second} after {first}");
 }
 
-fn run_returns_the_lease_when_semaphore_is_signalled(store: Store) {
+fn run_returns_the_lease_when_semaphore_is_signalled(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let scratch = Scratch::new();
@@ -357,7 +362,7 @@ fn run_returns_the_lease_when_semaphore_is_signalled(store: Store) {
     }
 }
 
-fn run_stops_the_command_when_the_ttl_runs_out(store: Store) {
+fn run_stops_the_command_when_the_ttl_runs_out(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let scratch = Scratch::new();
@@ -417,7 +422,7 @@ fn run_stops_the_command_when_the_ttl_runs_out(store: Store) {
     });
 }
 
-fn run_waits_longer_than_the_servers_maximum(store: Store) {
+fn run_waits_longer_than_the_servers_maximum(store: Backend) {
     let server = Server::start(store, &[("MAX_WAIT_SECONDS", "1")]);
     let pool = new_pool(&server.url, 1);
     // The slot frees itself 2.5 s from now: after two of the server's 1 s waits.
@@ -445,7 +450,7 @@ fn run_waits_longer_than_the_servers_maximum(store: Store) {
     assert!(started.elapsed() >= Duration::from_millis(2200));
 }
 
-fn a_borrow_retried_after_a_502_holds_one_slot(store: Store) {
+fn a_borrow_retried_after_a_502_holds_one_slot(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 2);
     let proxy = Proxy::start(&server.url, Fault::FirstBorrowAnswered502);
@@ -547,10 +552,10 @@ fn bad_usage_exits_64() {
 /// summary instead of JSON. The terminal is store-independent: memory only.
 #[test]
 fn on_a_terminal_a_status_line_and_human_output() {
-    let server = Server::start(Store::Memory, &[]);
+    let server = Server::start(Backend::Memory, &[]);
     let pool = new_pool(&server.url, 1);
     let id = pool.id().hyphenated().to_string();
-    let short = semaphore_client::short(pool.id());
+    let short = semaphore_client::short(&pool.id());
     let on_tty = |args: &str| {
         let out = output(
             Command::new("script")
@@ -590,7 +595,7 @@ fn on_a_terminal_a_status_line_and_human_output() {
 /// gives its place up: the borrower after it gets the slot that frees up, at
 /// once. Through a proxy that, like API Gateway, never tells the server that
 /// its client hung up, so only semaphore's own return can do it.
-fn a_signal_while_waiting_gives_the_place_up(store: Store) {
+fn a_signal_while_waiting_gives_the_place_up(store: Backend) {
     use nix::sys::signal::Signal;
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
@@ -663,7 +668,7 @@ fn spawn_borrow(
 /// slot. The first is dead before the second starts. The first semaphore
 /// cannot return its lease (a proxy fails its returns), so the slot frees
 /// only when the lease ends: the kill schedule alone keeps them apart.
-fn run_is_a_lock_the_commands_never_overlap(store: Store) {
+fn run_is_a_lock_the_commands_never_overlap(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let no_returns = Proxy::start(&server.url, Fault::ReturnsFail);
@@ -753,7 +758,7 @@ fn run_is_a_lock_the_commands_never_overlap(store: Store) {
 /// The server clamps the ttl to its MAX_TTL_SECONDS: `run` says so on
 /// stderr and stops COMMAND before the lease it granted ends, not the one
 /// asked for.
-fn run_stops_the_command_before_the_ttl_the_server_granted(store: Store) {
+fn run_stops_the_command_before_the_ttl_the_server_granted(store: Backend) {
     let server = Server::start(store, &[("MAX_TTL_SECONDS", "2")]);
     let pool = new_pool(&server.url, 1);
     let scratch = Scratch::new();
@@ -797,7 +802,7 @@ fn run_stops_the_command_before_the_ttl_the_server_granted(store: Store) {
 /// it must not run on without a lease.
 #[test]
 fn the_command_dies_with_semaphore() {
-    let server = Server::start(Store::Memory, &[]);
+    let server = Server::start(Backend::Memory, &[]);
     let pool = new_pool(&server.url, 1);
     let scratch = Scratch::new();
     let pid_file = scratch.path("pid");
@@ -826,7 +831,7 @@ fn the_command_dies_with_semaphore() {
 #[test]
 fn on_a_terminal_ctrl_c_reaches_the_command_once() {
     use std::io::Write;
-    let server = Server::start(Store::Memory, &[]);
+    let server = Server::start(Backend::Memory, &[]);
     let pool = new_pool(&server.url, 1);
     let scratch = Scratch::new();
     for (case, foreground, ctrl_c) in [
@@ -886,7 +891,7 @@ fn on_a_terminal_ctrl_c_reaches_the_command_once() {
 /// server that is not the service is a wrong URL (64).
 #[test]
 fn a_wrong_url_is_not_a_missing_pool() {
-    let server = Server::start(Store::Memory, &[]);
+    let server = Server::start(Backend::Memory, &[]);
     let pool = Uuid::new_v4();
     let out = output(semaphore(&server.url, pool).arg("inspect"));
     assert_eq!(code(&out), 66, "{}", stderr(&out));

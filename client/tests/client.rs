@@ -1,19 +1,27 @@
 //! The Rust client against a real `local-api`, on both stores.
 
+#[macro_use]
+extern crate semaphore_tests;
+
 mod support;
 
 use std::time::{Duration, Instant};
 
 use semaphore_client::{Borrow, Client, Error, Pool, Uuid};
-use support::{block, in_use, new_pool, spawn, wait_until, waiting, Fault, Proxy, Server, Store};
+use semaphore_tests::Backend;
+use support::{block, in_use, new_pool, spawn, wait_until, waiting, Fault, Proxy, Server};
 
 on_both_stores!(
+    sync;
     a_lease_is_returned_by_release_or_by_drop,
     errors_are_typed,
     a_borrow_with_the_same_lease_id_gets_the_same_grant,
+    a_dropped_borrow_gives_its_place_up,
+    a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one,
+    with_lease_returns_the_lease_however_the_body_ends,
 );
 
-fn a_lease_is_returned_by_release_or_by_drop(store: Store) {
+fn a_lease_is_returned_by_release_or_by_drop(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 2);
     let lease = block(pool.borrow(Borrow::ttl(Duration::from_secs(60)))).expect("borrow");
@@ -46,7 +54,7 @@ fn a_lease_is_returned_by_release_or_by_drop(store: Store) {
     assert!(block(pool.return_lease(grant.lease)).expect("return"));
 }
 
-fn errors_are_typed(store: Store) {
+fn errors_are_typed(store: Backend) {
     let server = Server::start(store, &[]);
     let client = Client::new(&server.url).expect("client");
     let missing = client.pool(Uuid::new_v4());
@@ -68,7 +76,7 @@ fn errors_are_typed(store: Store) {
     assert_eq!(block(pool.register(0)).expect("register").in_use, 1);
 }
 
-fn a_borrow_with_the_same_lease_id_gets_the_same_grant(store: Store) {
+fn a_borrow_with_the_same_lease_id_gets_the_same_grant(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 3);
     let id = Uuid::new_v4();
@@ -94,18 +102,12 @@ fn a_borrow_with_the_same_lease_id_gets_the_same_grant(store: Store) {
     other.detach();
 }
 
-on_both_stores!(
-    a_dropped_borrow_gives_its_place_up,
-    a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one,
-    with_lease_returns_the_lease_however_the_body_ends,
-);
-
 /// A borrow future dropped while it waits (a timeout, `select!`) takes its
 /// place out of the queue: the borrower after it gets the slot that frees
 /// up, at once. Through a proxy that, like API Gateway, never tells the
 /// server that its client went away, so only the client's own return can
 /// do it.
-fn a_dropped_borrow_gives_its_place_up(store: Store) {
+fn a_dropped_borrow_gives_its_place_up(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let gateway = Proxy::start(&server.url, Fault::LikeApiGateway);
@@ -154,7 +156,7 @@ fn spawn_borrow(
     })
 }
 
-fn a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one(store: Store) {
+fn a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one(store: Backend) {
     let server = Server::start(store, &[("MAX_TTL_SECONDS", "2")]);
     let pool = new_pool(&server.url, 2);
     let asked = Instant::now();
@@ -164,7 +166,7 @@ fn a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one(store: Store) {
         lease.ttl_clamped(),
         "the server granted 2 s of the 10 asked"
     );
-    assert_eq!(lease.grant().expires_in, 2.0);
+    assert_eq!(lease.grant().expires_in.as_millis(), 2000);
     assert!(
         lease.deadline() >= asked + Duration::from_secs(2)
             && lease.deadline() <= answered + Duration::from_secs(2),
@@ -173,7 +175,7 @@ fn a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one(store: Store) {
 
     let lease2 = block(pool.borrow(Borrow::ttl(Duration::from_millis(1500)))).expect("borrow");
     assert!(!lease2.ttl_clamped(), "1.5 s is below the server's maximum");
-    assert_eq!(lease2.grant().expires_in, 1.5);
+    assert_eq!(lease2.grant().expires_in.as_millis(), 1500);
 
     // A slot handed over after a wait has less left than asked, without a clamp.
     let waited = block(async {
@@ -188,7 +190,7 @@ fn a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one(store: Store) {
     }
 }
 
-fn with_lease_returns_the_lease_however_the_body_ends(store: Store) {
+fn with_lease_returns_the_lease_however_the_body_ends(store: Backend) {
     let server = Server::start(store, &[]);
     let pool = new_pool(&server.url, 1);
     let ask = Borrow::ttl(Duration::from_secs(60));
@@ -232,7 +234,7 @@ fn with_lease_returns_the_lease_however_the_body_ends(store: Store) {
 /// `Client::settle` waits for that.
 #[test]
 fn settle_waits_for_the_returns_sent_in_the_background() {
-    let server = Server::start(Store::Memory, &[]);
+    let server = Server::start(Backend::Memory, &[]);
     let pool = new_pool(&server.url, 3);
     let client = Client::new(&server.url).expect("client");
     let mine = client.pool(pool.id());
@@ -260,7 +262,7 @@ fn settle_waits_for_the_returns_sent_in_the_background() {
 /// other (a route it does not know, another server) is a wrong URL.
 #[test]
 fn a_wrong_url_is_not_a_missing_pool() {
-    let server = Server::start(Store::Memory, &[]);
+    let server = Server::start(Backend::Memory, &[]);
     let id = Uuid::new_v4();
     let missing = Client::new(&server.url).expect("client").pool(id);
     assert_eq!(block(missing.inspect()), Err(Error::PoolNotFound));

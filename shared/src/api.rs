@@ -8,10 +8,12 @@ use lambda_http::http::{
     header::{ALLOW, CONTENT_TYPE},
     HeaderValue, StatusCode,
 };
-use serde_json::{json, Map, Number, Value};
+use semaphore_wire::{self as wire, Seconds};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::domain::{PoolState, MAX_COUNT};
+use crate::domain::PoolState;
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId};
 use crate::metrics::RequestLog;
@@ -125,7 +127,9 @@ impl ApiResponse {
 pub fn error_response(err: &Error) -> ApiResponse {
     ApiResponse {
         status: err.status(),
-        body: json!({ "error": err.to_string() }),
+        body: json(wire::ErrorBody {
+            error: err.to_string(),
+        }),
         allow: match err {
             Error::MethodNotAllowed { allow } => Some(allow.clone()),
             _ => None,
@@ -200,22 +204,22 @@ impl Request {
     /// Parses the raw id segment and JSON body of a request on `route`. A
     /// borrow without a client-chosen lease id gets one here, so that the
     /// caller knows how to cancel its wait.
-    pub fn parse(route: Route, raw_id: &str, body: &[u8]) -> Result<Request, Error> {
+    pub fn parse(route: Route, raw_id: &str, raw_body: &[u8]) -> Result<Request, Error> {
         let id = parse_pool_id(raw_id)?;
         Ok(match route {
             Route::Register => Request::Register {
                 id,
-                count: parse_count(&parse_object(body)?)?,
+                count: body::<wire::RegisterBody>(raw_body)?.count,
             },
             Route::Inspect => Request::Inspect { id },
             Route::Delete => Request::Delete { id },
             Route::Borrow => Request::Borrow {
                 id,
-                borrow: parse_borrow(&parse_object(body)?)?,
+                borrow: borrow_request(body(raw_body)?),
             },
             Route::Return => Request::Return {
                 id,
-                lease: parse_lease(&parse_object(body)?)?,
+                lease: LeaseId(body::<wire::ReturnBody>(raw_body)?.lease),
             },
         })
     }
@@ -287,7 +291,7 @@ async fn execute(
         }
         Request::Delete { id } => {
             let deleted = service.delete(id, call).await?;
-            Ok(ApiResponse::ok(json!({ "deleted": deleted })))
+            Ok(ApiResponse::ok(json(wire::Deleted { deleted })))
         }
         Request::Borrow { id, borrow } => {
             let grant = service.borrow(id, borrow, call).await?;
@@ -295,7 +299,7 @@ async fn execute(
         }
         Request::Return { id, lease } => {
             let returned = service.return_lease(id, lease, call).await?;
-            Ok(ApiResponse::ok(json!({ "returned": returned })))
+            Ok(ApiResponse::ok(json(wire::Returned { returned })))
         }
     }
 }
@@ -317,137 +321,57 @@ pub fn request_log<'a>(
     }
 }
 
-fn bad(reason: impl Into<String>) -> Error {
-    Error::BadRequest(reason.into())
-}
-
 pub fn parse_pool_id(raw: &str) -> Result<PoolId, Error> {
     Uuid::parse_str(raw)
         .map(PoolId)
-        .map_err(|_| bad("pool id must be a UUID"))
+        .map_err(|_| Error::BadRequest("pool id must be a UUID".into()))
 }
 
-/// The body as a JSON object. Unknown fields are ignored by the callers.
-pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, Error> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(bad("request body must be a JSON object"));
-    }
-    match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Ok(map),
-        Ok(_) => Err(bad("request body must be a JSON object")),
-        Err(err) => Err(bad(format!("malformed JSON: {err}"))),
-    }
+/// A request body by the contract's input rules (the wire model's).
+fn body<T: TryFrom<Map<String, Value>, Error = wire::Invalid>>(body: &[u8]) -> Result<T, Error> {
+    wire::parse(body).map_err(|wire::Invalid(message)| Error::BadRequest(message))
 }
 
-/// `count`: a JSON integer in `0 … 1000`.
-pub fn parse_count(body: &Map<String, Value>) -> Result<u16, Error> {
-    let range = || bad(format!("count must be an integer from 0 to {MAX_COUNT}"));
-    match body.get("count") {
-        None => Err(bad("count is required")),
-        Some(Value::Number(n)) if n.is_i64() || n.is_u64() => n
-            .as_u64()
-            .and_then(|c| u16::try_from(c).ok())
-            .filter(|c| *c <= MAX_COUNT)
-            .ok_or_else(range),
-        Some(_) => Err(range()),
+/// A borrow as the service runs it. Without a client-chosen lease UUID it
+/// gets a random one here, so that the caller knows how to cancel its wait.
+fn borrow_request(body: wire::BorrowBody) -> BorrowRequest {
+    BorrowRequest {
+        ttl_ms: body.ttl.as_millis(),
+        wait_ms: body.wait.as_millis(),
+        lease: body.lease.map_or_else(LeaseId::new_random, LeaseId),
     }
 }
 
-/// `ttl` (required, > 0) and `wait` (default 0, ≥ 0), in seconds with
-/// fractions, kept as milliseconds; `lease` (optional), a client-chosen UUID
-/// that makes the borrow idempotent and its wait cancellable (a random one
-/// otherwise). Clamping is the service's.
-pub fn parse_borrow(body: &Map<String, Value>) -> Result<BorrowRequest, Error> {
-    let ttl = match body.get("ttl") {
-        None => return Err(bad("ttl is required")),
-        Some(value) => seconds(value).filter(|t| *t > 0.0),
-    }
-    .ok_or_else(|| bad("ttl must be a number of seconds greater than 0"))?;
-    let wait = match body.get("wait") {
-        None => 0.0,
-        Some(value) => seconds(value)
-            .filter(|w| *w >= 0.0)
-            .ok_or_else(|| bad("wait must be a number of seconds, 0 or more"))?,
-    };
-    let lease = match body.get("lease") {
-        None => LeaseId::new_random(),
-        Some(_) => parse_lease(body).and_then(|lease| {
-            if lease.0.is_nil() {
-                Err(bad("lease must not be the nil UUID"))
-            } else {
-                Ok(lease)
-            }
-        })?,
-    };
-    Ok(BorrowRequest {
-        // A positive ttl never rounds to an already-expired lease.
-        ttl_ms: to_ms(ttl).max(1),
-        wait_ms: to_ms(wait),
-        lease,
-    })
-}
-
-fn seconds(value: &Value) -> Option<f64> {
-    value.as_f64().filter(|s| s.is_finite())
-}
-
-/// Seconds to whole milliseconds, saturating (the service clamps anyway).
-fn to_ms(seconds: f64) -> u64 {
-    let ms = (seconds * 1000.0).round();
-    if ms >= u64::MAX as f64 {
-        u64::MAX
-    } else {
-        ms as u64
-    }
-}
-
-/// `lease`: a UUID string.
-pub fn parse_lease(body: &Map<String, Value>) -> Result<LeaseId, Error> {
-    match body.get("lease") {
-        None => Err(bad("lease is required")),
-        Some(Value::String(s)) => Uuid::parse_str(s)
-            .map(LeaseId)
-            .map_err(|_| bad("lease must be a UUID")),
-        Some(_) => Err(bad("lease must be a UUID string")),
-    }
+/// A response body of the wire model as JSON.
+fn json(body: impl Serialize) -> Value {
+    // The wire types have string keys only: this cannot fail.
+    serde_json::to_value(body).unwrap_or(Value::Null)
 }
 
 fn state_body(id: PoolId, state: PoolState) -> Value {
-    json!({
-        "id": id.to_hyphenated(),
-        "count": state.count,
-        "in_use": state.in_use,
-        "available": state.available,
-        "waiting": state.waiting,
+    json(wire::PoolState {
+        id: id.0,
+        count: state.count.into(),
+        in_use: state.in_use,
+        available: state.available,
+        waiting: Some(state.waiting),
     })
 }
 
 fn grant_body(grant: &Grant) -> Value {
-    json!({
-        "lease": grant.lease.0.hyphenated().to_string(),
-        "position": grant.position,
-        "expires_at_unix": grant.expires_at_ms / 1000,
-        "expires_in": seconds_value(grant.expires_in_ms),
-        "fence": grant.fence,
+    json(wire::Grant {
+        lease: grant.lease.0,
+        position: grant.position.into(),
+        expires_at_unix: grant.expires_at_ms / 1000,
+        expires_in: Seconds::from_millis(grant.expires_in_ms),
+        fence: Some(grant.fence),
     })
-}
-
-/// Whole seconds as a JSON integer, fractions as a JSON float.
-fn seconds_value(ms: u64) -> Value {
-    if ms.is_multiple_of(1000) {
-        Value::from(ms / 1000)
-    } else {
-        Number::from_f64(ms as f64 / 1000.0).map_or(Value::Null, Value::Number)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn obj(s: &str) -> Map<String, Value> {
-        parse_object(s.as_bytes()).unwrap()
-    }
+    use serde_json::json;
 
     fn is_bad<T: std::fmt::Debug>(r: Result<T, Error>) -> bool {
         matches!(r, Err(Error::BadRequest(_)))
@@ -547,88 +471,56 @@ mod tests {
     }
 
     #[test]
-    fn bodies_must_be_json_objects() {
-        for body in ["", "  ", "{", "[]", "1", "\"x\"", "null", "{\"count\":1}x"] {
-            assert!(is_bad(parse_object(body.as_bytes())), "{body:?}");
-        }
-        assert!(is_bad(parse_object(&[0xff, 0xfe])));
-    }
-
-    #[test]
-    fn count_rules() {
-        assert_eq!(parse_count(&obj(r#"{"count":0}"#)), Ok(0));
-        assert_eq!(parse_count(&obj(r#"{"count":1000,"x":1}"#)), Ok(1000));
-        for body in [
-            r#"{}"#,
-            r#"{"count":-1}"#,
-            r#"{"count":1001}"#,
-            r#"{"count":1.5}"#,
-            r#"{"count":2.0}"#,
-            r#"{"count":"4"}"#,
-            r#"{"count":null}"#,
-            r#"{"count":true}"#,
-            r#"{"count":1e3}"#,
-            r#"{"count":18446744073709551616}"#,
-        ] {
-            assert!(is_bad(parse_count(&obj(body))), "{body}");
-        }
-    }
-
-    #[test]
-    fn borrow_rules() {
-        let r = parse_borrow(&obj(r#"{"ttl":1.5}"#)).unwrap();
-        assert_eq!((r.ttl_ms, r.wait_ms), (1500, 0));
-        let other = parse_borrow(&obj(r#"{"ttl":1.5}"#)).unwrap();
-        assert_ne!(r.lease, other.lease, "a random lease id when none is sent");
-        let r = parse_borrow(&obj(r#"{"ttl":30,"wait":0.25}"#)).unwrap();
-        assert_eq!((r.ttl_ms, r.wait_ms), (30_000, 250));
-        let r = parse_borrow(&obj(r#"{"ttl":0.0001,"wait":0}"#)).unwrap();
-        assert_eq!(r.ttl_ms, 1, "positive ttl keeps at least 1 ms");
-        let r = parse_borrow(&obj(r#"{"ttl":1e300,"wait":1e300}"#)).unwrap();
-        assert_eq!((r.ttl_ms, r.wait_ms), (u64::MAX, u64::MAX));
-        let r = parse_borrow(&obj(
-            r#"{"ttl":1,"lease":"3A7D0B14-9E2C-4F6A-8B1D-0C5E2F9A7B34"}"#,
-        ))
-        .unwrap();
+    fn bodies_follow_the_wire_rules() {
+        let id = "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01";
+        let parse = |route, body: &str| Request::parse(route, id, body.as_bytes());
+        assert!(matches!(
+            parse(Route::Register, r#"{"count":3}"#),
+            Ok(Request::Register { count: 3, .. })
+        ));
         assert_eq!(
-            r.lease.0.hyphenated().to_string(),
-            "3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"
+            parse(Route::Register, r#"{"count":2.0}"#),
+            Err(Error::BadRequest(
+                "count must be an integer from 0 to 1000".into()
+            ))
         );
-        for body in [
-            r#"{}"#,
-            r#"{"wait":1}"#,
-            r#"{"ttl":0}"#,
-            r#"{"ttl":-1}"#,
-            r#"{"ttl":"30"}"#,
-            r#"{"ttl":null}"#,
-            r#"{"ttl":30,"wait":-0.5}"#,
-            r#"{"ttl":30,"wait":"1"}"#,
-            r#"{"ttl":30,"wait":null}"#,
-            r#"{"ttl":30,"wait":false}"#,
-            r#"{"ttl":30,"lease":"x"}"#,
-            r#"{"ttl":30,"lease":null}"#,
-            r#"{"ttl":30,"lease":7}"#,
-            r#"{"ttl":30,"lease":"00000000-0000-0000-0000-000000000000"}"#,
-        ] {
-            assert!(is_bad(parse_borrow(&obj(body))), "{body}");
-        }
-    }
-
-    #[test]
-    fn lease_rules() {
-        let l = parse_lease(&obj(r#"{"lease":"3A7D0B14-9E2C-4F6A-8B1D-0C5E2F9A7B34"}"#)).unwrap();
         assert_eq!(
-            l.0.hyphenated().to_string(),
-            "3a7d0b14-9e2c-4f6a-8b1d-0c5e2f9a7b34"
+            parse(Route::Borrow, "[]"),
+            Err(Error::BadRequest(
+                "request body must be a JSON object".into()
+            ))
         );
-        for body in [
-            r#"{}"#,
-            r#"{"lease":"x"}"#,
-            r#"{"lease":1}"#,
-            r#"{"lease":null}"#,
-        ] {
-            assert!(is_bad(parse_lease(&obj(body))), "{body}");
-        }
+        assert!(is_bad(parse(Route::Return, r#"{"lease":1}"#)));
+        assert!(is_bad(Request::parse(Route::Inspect, "x", b"")));
+        // The body of a route that takes none is not read.
+        assert!(matches!(
+            parse(Route::Inspect, "not json"),
+            Ok(Request::Inspect { .. })
+        ));
+        let Ok(Request::Borrow { borrow, .. }) = parse(Route::Borrow, r#"{"ttl":1.5,"wait":0.25}"#)
+        else {
+            panic!("a valid borrow")
+        };
+        assert_eq!((borrow.ttl_ms, borrow.wait_ms), (1500, 250));
+        let Ok(Request::Borrow { borrow: other, .. }) = parse(Route::Borrow, r#"{"ttl":1.5}"#)
+        else {
+            panic!("a valid borrow")
+        };
+        assert_ne!(
+            borrow.lease, other.lease,
+            "a random lease id when none is sent"
+        );
+        let lease = "3A7D0B14-9E2C-4F6A-8B1D-0C5E2F9A7B34";
+        let Ok(Request::Return {
+            lease: returned, ..
+        }) = parse(Route::Return, &format!(r#"{{"lease":"{lease}"}}"#))
+        else {
+            panic!("a valid return")
+        };
+        assert_eq!(
+            returned.0.hyphenated().to_string(),
+            lease.to_ascii_lowercase()
+        );
     }
 
     #[test]
@@ -674,8 +566,32 @@ mod tests {
     }
 
     #[test]
-    fn expires_in_keeps_fractions() {
-        assert_eq!(seconds_value(30_000), json!(30));
-        assert_eq!(seconds_value(1_500), json!(1.5));
+    fn grants_and_states_are_the_wire_model() {
+        let lease = LeaseId::new_random();
+        let grant = |expires_in_ms| Grant {
+            lease,
+            position: 2,
+            expires_at_ms: 1_700_000_000_999,
+            expires_in_ms,
+            fence: 7,
+        };
+        assert_eq!(
+            grant_body(&grant(1_500)),
+            json!({"lease": lease.0.hyphenated().to_string(), "position": 2,
+                   "expires_at_unix": 1_700_000_000u64, "expires_in": 1.5, "fence": 7})
+        );
+        assert_eq!(grant_body(&grant(30_000))["expires_in"], json!(30));
+        let id = parse_pool_id("9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01").unwrap();
+        let state = PoolState {
+            count: 3,
+            in_use: 1,
+            available: 2,
+            waiting: 0,
+        };
+        assert_eq!(
+            state_body(id, state),
+            json!({"id": "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01", "count": 3,
+                   "in_use": 1, "available": 2, "waiting": 0})
+        );
     }
 }

@@ -26,7 +26,7 @@
 use std::cmp::Ordering;
 
 /// Largest `count` a pool may have (API.md: `0 … 1000`).
-pub const MAX_COUNT: u16 = 1000;
+pub use semaphore_wire::MAX_COUNT;
 
 /// Most dead tickets, stale tombstones or trailing free slots one write
 /// removes, so that every expression stays far below DynamoDB's 4 KB limit;

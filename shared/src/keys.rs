@@ -56,13 +56,7 @@ impl PoolKey {
     }
 }
 
-/// A UUID as logs show it: the first 8 hex digits only, enough to correlate
-/// and useless to borrow (the whole id is a credential).
-pub fn short(uuid: &Uuid) -> String {
-    let mut simple = uuid.simple().to_string();
-    simple.truncate(8);
-    simple
-}
+pub use semaphore_wire::short;
 
 fn redacted(f: &mut fmt::Formatter<'_>, uuid: &Uuid) -> fmt::Result {
     write!(f, "{}…", short(uuid))

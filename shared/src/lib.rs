@@ -12,7 +12,6 @@ pub mod keys;
 pub mod lambda;
 pub mod metrics;
 pub mod openapi;
-pub mod random;
 pub mod service;
 pub mod store;
 

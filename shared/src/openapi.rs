@@ -135,4 +135,110 @@ mod tests {
         assert!(respond("GET", "/openapi.yaml").is_none());
         assert!(respond("GET", "/l/openapi.json").is_none());
     }
+
+    /// The document and the wire model name the same fields: every field a
+    /// body of the wire model has is a property of its schema, and the other
+    /// way round, with the JSON type the schema says.
+    #[test]
+    fn schemas_match_the_wire_model() {
+        use semaphore_wire::{
+            BorrowBody, Deleted, ErrorBody, Grant, PoolState, RegisterBody, ReturnBody, Returned,
+            Seconds, Uuid,
+        };
+        let id = Uuid::new_v4();
+        let json = |body: Result<Value, serde_json::Error>| body.expect("serializes");
+        let fractional = Seconds::from_millis(1500);
+        let samples = [
+            (
+                "RegisterRequest",
+                json(serde_json::to_value(RegisterBody { count: 3 })),
+            ),
+            (
+                "BorrowRequest",
+                json(serde_json::to_value(BorrowBody {
+                    ttl: fractional,
+                    wait: Seconds::from_millis(2000),
+                    lease: Some(id),
+                })),
+            ),
+            (
+                "ReturnRequest",
+                json(serde_json::to_value(ReturnBody { lease: id })),
+            ),
+            (
+                "Pool",
+                json(serde_json::to_value(PoolState {
+                    id,
+                    count: 3,
+                    in_use: 1,
+                    available: 2,
+                    waiting: Some(0),
+                })),
+            ),
+            (
+                "Lease",
+                json(serde_json::to_value(Grant {
+                    lease: id,
+                    position: 0,
+                    expires_at_unix: 1,
+                    expires_in: fractional,
+                    fence: Some(1),
+                })),
+            ),
+            (
+                "Deleted",
+                json(serde_json::to_value(Deleted { deleted: true })),
+            ),
+            (
+                "Returned",
+                json(serde_json::to_value(Returned { returned: true })),
+            ),
+            (
+                "Error",
+                json(serde_json::to_value(ErrorBody { error: "x".into() })),
+            ),
+        ];
+        let doc = document();
+        let schemas = &doc["components"]["schemas"];
+        for (name, sample) in samples {
+            let schema = &schemas[name];
+            let properties = schema["properties"].as_object().expect(name);
+            let fields = sample.as_object().expect(name);
+            let mut documented: Vec<&String> = properties.keys().collect();
+            let mut sent: Vec<&String> = fields.keys().collect();
+            documented.sort();
+            sent.sort();
+            assert_eq!(documented, sent, "{name}");
+            for required in schema["required"].as_array().expect(name) {
+                assert!(
+                    fields.contains_key(required.as_str().expect(name)),
+                    "{name}"
+                );
+            }
+            for (field, value) in fields {
+                // Through `allOf` (its first part) and `$ref` to the type.
+                let mut property = &properties[field];
+                loop {
+                    if let Some(first) = property.get("allOf").and_then(|all| all.get(0)) {
+                        property = first;
+                    } else if let Some(Value::String(reference)) = property.get("$ref") {
+                        property = doc
+                            .pointer(reference.trim_start_matches('#'))
+                            .expect("resolves");
+                    } else {
+                        break;
+                    }
+                }
+                let kind = property["type"].as_str().expect("typed property");
+                let fits = match kind {
+                    "integer" => value.is_u64(),
+                    "number" => value.is_number(),
+                    "string" => value.is_string(),
+                    "boolean" => value.is_boolean(),
+                    other => panic!("{name}.{field}: type {other}"),
+                };
+                assert!(fits, "{name}.{field}: {value} is not {kind}");
+            }
+        }
+    }
 }

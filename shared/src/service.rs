@@ -15,8 +15,8 @@ use crate::clock::{now_ms, now_us};
 use crate::domain::{BorrowPlan, Holder, Lease, Pool, PoolState, ReturnPlan, Update, WaitPlan};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
-use crate::random::Jitter;
 use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
+use semaphore_wire::{self as wire, Backoff, Jitter};
 
 /// Bounds applied to requests (API.md: `ttl` and `wait` are clamped, never
 /// rejected), and the most borrowers that may wait on one pool.
@@ -53,13 +53,12 @@ pub struct Timing {
     pub poll: Duration,
     pub poll_min: Duration,
     pub poll_cap: Duration,
-    /// After a failed store call: full jitter in `[0, first · 2^n]`, capped.
-    pub retry_first: Duration,
-    pub retry_cap: Duration,
+    /// After a failed store call (full jitter: these requests contend with
+    /// each other, and none needs a least pause).
+    pub retry: Backoff,
     /// After the third lost write in a row, the same kind of nap (a lost
     /// write is otherwise retried at once with the record it handed back).
-    pub conflict_first: Duration,
-    pub conflict_cap: Duration,
+    pub conflict: Backoff,
     /// Longest one store call may take (the SDK also has its own timeouts).
     pub call_timeout: Duration,
     /// Time kept back from the Lambda deadline to send the response.
@@ -139,10 +138,16 @@ impl Default for Timing {
             poll: Duration::from_millis(70),
             poll_min: Duration::from_millis(10),
             poll_cap: Duration::from_secs(2),
-            retry_first: Duration::from_millis(20),
-            retry_cap: Duration::from_millis(400),
-            conflict_first: Duration::from_millis(10),
-            conflict_cap: Duration::from_millis(100),
+            retry: Backoff::new(
+                Duration::from_millis(20),
+                Duration::from_millis(400),
+                Jitter::Full,
+            ),
+            conflict: Backoff::new(
+                Duration::from_millis(10),
+                Duration::from_millis(100),
+                Jitter::Full,
+            ),
             call_timeout: Duration::from_millis(2_500),
             deadline_margin: Duration::from_millis(300),
             local_budget: Duration::from_millis(4_500),
@@ -214,7 +219,6 @@ struct Ctx<'a> {
     timing: Timing,
     answer_by: Instant,
     stats: &'a mut Stats,
-    jitter: Jitter,
 }
 
 impl Service {
@@ -249,7 +253,6 @@ impl Service {
             timing: self.timing,
             answer_by,
             stats: &mut call.stats,
-            jitter: Jitter::new(),
         }
     }
 
@@ -734,7 +737,7 @@ impl Ctx<'_> {
             return Err(err.into());
         }
         *failures += 1;
-        self.nap(failures, self.timing.retry_first, self.timing.retry_cap)
+        self.nap(failures, self.timing.retry)
             .await
             .map_err(|()| Error::from(err))
     }
@@ -753,17 +756,16 @@ impl Ctx<'_> {
             return Ok(false);
         }
         let mut n = *lost - IMMEDIATE;
-        self.nap(&mut n, self.timing.conflict_first, self.timing.conflict_cap)
+        self.nap(&mut n, self.timing.conflict)
             .await
             .map_err(|()| Error::Contention)?;
         Ok(true)
     }
 
-    /// Sleeps a full-jitter backoff in `[0, first · 2^(n-1)]`, capped, unless
-    /// it would end past the answer-by time (then `Err`).
-    async fn nap(&mut self, n: &mut u32, first: Duration, cap: Duration) -> Result<(), ()> {
-        let window = first.saturating_mul(1u32 << (*n - 1).min(16)).min(cap);
-        let nap = window.mul_f64(self.jitter.next_unit());
+    /// Sleeps the `n`th pause (from 1) of `backoff`, unless it would end
+    /// past the answer-by time (then `Err`).
+    async fn nap(&mut self, n: &mut u32, backoff: Backoff) -> Result<(), ()> {
+        let nap = backoff.pause(*n - 1);
         if Instant::now() + nap + self.timing.call_timeout.min(Duration::from_millis(50))
             >= self.answer_by
         {
@@ -787,7 +789,7 @@ impl Ctx<'_> {
         let full = self
             .timing
             .by_pace(ahead, needed, pool.count(), pace.observe(pool, now_ms));
-        full.mul_f64(0.75 + 0.25 * self.jitter.next_unit())
+        full.mul_f64(0.75 + 0.25 * wire::unit())
     }
 }
 

@@ -3,24 +3,9 @@
 //! so test names read `behaviour::memory::return_is_idempotent`,
 //! `randomized::dynamodb_random_history_is_correct`.
 
-/// Runs each scenario once per store, as `memory::NAME` and `dynamodb::NAME`
-/// (each on a multi-threaded runtime of `workers` threads, 2 unless given).
-/// Defined before the modules, so that each of them sees it.
-macro_rules! on_both_stores {
-    (workers = $workers:literal; $($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
-            async fn $name() { super::$name(super::Backend::Memory).await }) *
-        }
-        mod dynamodb {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = $workers)]
-            async fn $name() { super::$name(super::Backend::DynamoDb).await }) *
-        }
-    };
-    ($($name:ident),* $(,)?) => {
-        on_both_stores!(workers = 2; $($name),*);
-    };
-}
+// `on_both_stores!`, for every module.
+#[macro_use]
+extern crate semaphore_tests;
 
 mod behaviour;
 mod calls_per_operation;

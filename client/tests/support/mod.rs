@@ -17,30 +17,8 @@ use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use semaphore_client::{Client, Pool, RetryPolicy};
+use semaphore_tests::{harness, Backend};
 use uuid::Uuid;
-
-#[derive(Clone, Copy, Debug)]
-pub enum Store {
-    Memory,
-    DynamoDb,
-}
-
-/// Declares `$name::memory` and `$name::dynamodb`, each calling `$body(Store)`.
-#[macro_export]
-macro_rules! on_both_stores {
-    ($($name:ident),* $(,)?) => {$(
-        mod $name {
-            #[test]
-            fn memory() {
-                super::$name($crate::support::Store::Memory)
-            }
-            #[test]
-            fn dynamodb() {
-                super::$name($crate::support::Store::DynamoDb)
-            }
-        }
-    )*};
-}
 
 /// The `local-api` binary, as the workspace's test build makes it (`cargo test
 /// --no-run --workspace`, which is what nextest runs before any test, so here
@@ -130,14 +108,11 @@ impl Server {
     /// Starts `local-api` on a free port with `env` (e.g. `MAX_WAIT_SECONDS`).
     /// DynamoDB needs `DYNAMODB_ENDPOINT` (tests/run sets it): these tests
     /// never skip a store.
-    pub fn start(store: Store, env: &[(&str, &str)]) -> Server {
+    pub fn start(store: Backend, env: &[(&str, &str)]) -> Server {
         let mut command = Command::new(local_api_bin());
         command.args(["--port", "0"]);
-        if let Store::DynamoDb = store {
-            let endpoint = std::env::var("DYNAMODB_ENDPOINT").expect(
-                "DYNAMODB_ENDPOINT is not set: run the tests with tests/run, which starts \
-                 DynamoDB Local, or start it with tests/dynamodb-local",
-            );
+        if let Backend::DynamoDb = store {
+            let endpoint = harness::endpoint();
             command.args(["--dynamodb", &endpoint, "--table", "semaphore-client-tests"]);
         }
         let mut child = command

@@ -687,6 +687,10 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
         Some(AttributeValue::L(list)) => Ok(list),
         _ => Err(corrupt(name)),
     };
+    let map = |name: &str| match item.get(name) {
+        Some(AttributeValue::M(map)) => Ok(map),
+        _ => Err(corrupt(name)),
+    };
     let holder = |value: &AttributeValue, what: &str| match value {
         AttributeValue::B(blob) => Holder::from_bytes(blob.as_ref()).ok_or_else(|| corrupt(what)),
         _ => Err(corrupt(what)),
@@ -750,10 +754,7 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
         })
         .collect::<Result<Vec<Ticket>, StoreError>>()?;
 
-    let Some(AttributeValue::M(tombs)) = item.get(TOMBS) else {
-        return Err(corrupt(TOMBS));
-    };
-    let tombs = tombs
+    let tombs = map(TOMBS)?
         .iter()
         .map(|(key, until)| {
             Ok(Tomb {
@@ -763,10 +764,7 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
         })
         .collect::<Result<Vec<Tomb>, StoreError>>()?;
 
-    let Some(AttributeValue::M(ended)) = item.get(ENDED) else {
-        return Err(corrupt(ENDED));
-    };
-    let ended = ended
+    let ended = map(ENDED)?
         .iter()
         .map(|(key, value)| {
             let n = big(Some(value), "ended grant")?;

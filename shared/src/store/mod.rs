@@ -32,7 +32,7 @@ impl Record {
     /// A new pool's record, with a fresh incarnation.
     pub fn new(pool: Pool) -> Self {
         Record {
-            incarnation: crate::random::random_u64(),
+            incarnation: fastrand::u64(..),
             pool,
         }
     }

@@ -11,8 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use semaphore_client::{format_seconds, Borrow, Client, Error, Pool, PoolState, RetryPolicy, Uuid};
-use serde_json::json;
+use semaphore_client::{Borrow, Client, Error, Pool, PoolState, RetryPolicy, Uuid};
+use semaphore_wire::{Deleted, Returned};
+use serde::Serialize;
 
 /// Exit statuses (flock(1), timeout(1) and sysexits.h conventions).
 mod exit {
@@ -296,7 +297,7 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
                 let what = if deleted { "deleted" } else { "did not exist" };
                 println!("pool {}: {what}", pool.short_id());
             } else {
-                println!("{}", json!({ "deleted": deleted }));
+                println!("{}", json(Deleted { deleted }));
             }
         }),
         Command::Borrow(args) => {
@@ -317,11 +318,11 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
                         "lease {}: position {}{fence}, expires in {} (at Unix time {})",
                         grant.lease.hyphenated(),
                         grant.position,
-                        format_seconds(Duration::from_secs_f64(grant.expires_in)),
+                        grant.expires_in,
                         grant.expires_at_unix
                     );
                 } else {
-                    println!("{}", grant.to_json());
+                    println!("{}", json(grant));
                 }
             })
         }
@@ -336,7 +337,7 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
                     }
                 );
             } else {
-                println!("{}", json!({ "returned": returned }));
+                println!("{}", json(Returned { returned }));
             }
         }),
         Command::Run(args) => return run::run(pool, url, args).await,
@@ -361,17 +362,14 @@ fn print_state(pool: &Pool, state: PoolState, human: bool) {
             state.available
         );
     } else {
-        let mut body = json!({
-            "id": pool.id().hyphenated().to_string(),
-            "count": state.count,
-            "in_use": state.in_use,
-            "available": state.available,
-        });
-        if let (Some(waiting), Some(map)) = (state.waiting, body.as_object_mut()) {
-            map.insert("waiting".into(), json!(waiting));
-        }
-        println!("{body}");
+        println!("{}", json(state));
     }
+}
+
+/// A body of the wire model, as the service would answer it.
+fn json(body: impl Serialize) -> String {
+    // The wire types have string keys only: this cannot fail.
+    serde_json::to_string(&body).unwrap_or_default()
 }
 
 /// Says on stderr what went wrong (never with a whole pool UUID) and gives

@@ -183,7 +183,7 @@ impl Schedule {
     fn new(pool: &Pool, lease: &Lease, args: &RunArgs) -> Option<Schedule> {
         let short_id = pool.short_id();
         let now = Instant::now();
-        let granted = Duration::try_from_secs_f64(lease.grant().expires_in).unwrap_or_default();
+        let granted = lease.grant().expires_in.as_duration();
         if lease.ttl_clamped() {
             eprintln!(
                 "semaphore: pool {short_id}: warning: the service shortened the ttl: the \
