@@ -4,6 +4,8 @@
 //! [`api`] (HTTP mapping) → [`service`] → [`domain`] and the [`store`] trait.
 
 pub mod api;
+#[cfg(feature = "dispatch")]
+pub mod callback;
 pub mod clock;
 pub mod config;
 pub mod domain;
