@@ -1226,5 +1226,9 @@ pub fn by_position(a: &Lease, b: &Lease) -> Ordering {
     a.position.cmp(&b.position)
 }
 
+pub mod ticket;
+
+pub use ticket::{Callback, TicketGrant, TicketItem, TicketState};
+
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use semaphore::api::{self, ApiResponse};
 use semaphore::service::Call;
-use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
+use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore::{config, Limits, Service};
 use serde_json::Value;
 
@@ -73,6 +73,20 @@ impl Backend {
         match self {
             Backend::Memory => memory_store(),
             Backend::DynamoDb => dynamodb_store().await,
+        }
+    }
+
+    /// One store as both traits: its pools and its ticket items.
+    pub async fn stores(self) -> (Arc<dyn PoolStore>, Arc<dyn TicketStore>) {
+        match self {
+            Backend::Memory => {
+                let store = Arc::new(MemoryStore::new());
+                (store.clone(), store)
+            }
+            Backend::DynamoDb => {
+                let store = Arc::new(DynamoDbStore::new(dynamodb_client().await, TABLE));
+                (store.clone(), store)
+            }
         }
     }
 }

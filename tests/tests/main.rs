@@ -16,6 +16,7 @@ mod events;
 mod fair_and_fenced;
 mod randomized;
 mod reliability;
+mod tickets;
 
 /// With `autotests = false`, a file in tests/tests/ that is not declared
 /// above is never compiled nor run: fail instead.

@@ -36,8 +36,8 @@ use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
-    ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure, ScalarAttributeType,
-    TableStatus,
+    LocalSecondaryIndex, Projection, ProjectionType, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
 };
 use aws_sdk_dynamodb::Client;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -473,10 +473,10 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
     let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
         StoreError::new(StoreErrorKind::Unavailable, e.to_string())
     };
-    let attribute = |name: &str| {
+    let attribute = |name: &str, kind: ScalarAttributeType| {
         AttributeDefinition::builder()
             .attribute_name(name)
-            .attribute_type(ScalarAttributeType::B)
+            .attribute_type(kind)
             .build()
             .map_err(invalid)
     };
@@ -491,10 +491,26 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
         .create_table()
         .table_name(table)
         .billing_mode(BillingMode::PayPerRequest)
-        .attribute_definitions(attribute(PK)?)
-        .attribute_definitions(attribute(SK)?)
+        .attribute_definitions(attribute(PK, ScalarAttributeType::B)?)
+        .attribute_definitions(attribute(SK, ScalarAttributeType::B)?)
+        .attribute_definitions(attribute(NUMBER, ScalarAttributeType::N)?)
         .key_schema(key(PK, KeyType::Hash)?)
         .key_schema(key(SK, KeyType::Range)?)
+        // Ticket items in ticket order (async mode); a local index, so that
+        // its reads can be strongly consistent. Pool items have no `tn`.
+        .local_secondary_indexes(
+            LocalSecondaryIndex::builder()
+                .index_name(BY_TICKET)
+                .key_schema(key(PK, KeyType::Hash)?)
+                .key_schema(key(NUMBER, KeyType::Range)?)
+                .projection(
+                    Projection::builder()
+                        .projection_type(ProjectionType::All)
+                        .build(),
+                )
+                .build()
+                .map_err(invalid)?,
+        )
         .send()
         .await;
     if let Err(err) = created {
@@ -819,6 +835,10 @@ pub fn item_size(key: &PoolKey, record: &Record) -> usize {
         .map(|(name, value)| name.len() + value_size(value))
         .sum()
 }
+
+mod tickets;
+
+pub use tickets::{BY_TICKET, NUMBER, TICKET_ITEM};
 
 #[cfg(test)]
 mod tests;

@@ -1,18 +1,29 @@
 //! The embedded store: [`Pool::apply`] over a map, with the same semantics as
 //! the DynamoDB store's conditional writes. For the local default and tests.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
-use super::{Created, PoolStore, Record, StoreError, Updated};
-use crate::domain::Update;
+use super::{
+    not_a_transition, Created, PoolStore, PutTicket, Record, StoreError, TicketStore,
+    TicketUpdated, Updated,
+};
+use crate::domain::{LeaseDigest, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
 
 #[derive(Default)]
 pub struct MemoryStore {
     pools: Mutex<HashMap<PoolKey, Record>>,
+    /// Each pool's ticket items, by lease digest.
+    tickets: Mutex<HashMap<PoolKey, BTreeMap<LeaseDigest, TicketItem>>>,
+}
+
+/// A lock whose holder panicked is still consistent: each write is a single
+/// insert or field change.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl MemoryStore {
@@ -20,10 +31,12 @@ impl MemoryStore {
         Self::default()
     }
 
-    fn pools(&self) -> std::sync::MutexGuard<'_, HashMap<PoolKey, Record>> {
-        // A panic while holding the lock cannot leave a half-written pool (each
-        // write is a single insert), so a poisoned lock is still consistent.
-        self.pools.lock().unwrap_or_else(|e| e.into_inner())
+    fn pools(&self) -> MutexGuard<'_, HashMap<PoolKey, Record>> {
+        lock(&self.pools)
+    }
+
+    fn tickets(&self) -> MutexGuard<'_, HashMap<PoolKey, BTreeMap<LeaseDigest, TicketItem>>> {
+        lock(&self.tickets)
     }
 }
 
@@ -66,5 +79,97 @@ impl PoolStore for MemoryStore {
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
         Ok(self.pools().remove(key).is_some())
+    }
+}
+
+#[async_trait]
+impl TicketStore for MemoryStore {
+    async fn put_ticket(
+        &self,
+        key: &PoolKey,
+        ticket: &TicketItem,
+    ) -> Result<PutTicket, StoreError> {
+        let mut tickets = self.tickets();
+        let pool = tickets.entry(*key).or_default();
+        if let Some(existing) = pool.get(&ticket.digest()) {
+            return Ok(PutTicket::Exists(existing.clone()));
+        }
+        pool.insert(ticket.digest(), ticket.clone());
+        Ok(PutTicket::Created)
+    }
+
+    async fn ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<TicketItem>, StoreError> {
+        Ok(self
+            .tickets()
+            .get(key)
+            .and_then(|pool| pool.get(&digest))
+            .cloned())
+    }
+
+    async fn backlog(
+        &self,
+        key: &PoolKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TicketItem>, StoreError> {
+        let mut found: Vec<TicketItem> = self
+            .tickets()
+            .get(key)
+            .map(|pool| {
+                pool.values()
+                    .filter(|t| t.number >= from)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        found.sort_by_key(|t| t.number);
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    async fn set_ticket_state(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        to: &TicketState,
+    ) -> Result<TicketUpdated, StoreError> {
+        if !from.may_become(to) {
+            return Err(not_a_transition(from, to));
+        }
+        let mut tickets = self.tickets();
+        let Some(ticket) = tickets.get_mut(key).and_then(|pool| pool.get_mut(&digest)) else {
+            return Ok(TicketUpdated::Gone);
+        };
+        // As DynamoDB's condition: the state's name, entered once per ticket.
+        if ticket.state.name() != from.name() {
+            return Ok(TicketUpdated::Lost(ticket.clone()));
+        }
+        ticket.state = to.clone();
+        Ok(TicketUpdated::Written(ticket.clone()))
+    }
+
+    async fn count_attempt(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<u32>, StoreError> {
+        let mut tickets = self.tickets();
+        Ok(tickets
+            .get_mut(key)
+            .and_then(|pool| pool.get_mut(&digest))
+            .filter(|t| matches!(t.state, TicketState::Granted(_)))
+            .map(|t| {
+                t.attempts += 1;
+                t.attempts
+            }))
+    }
+
+    async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {
+        Ok(self.tickets().remove(key).map_or(0, |pool| pool.len()))
     }
 }

@@ -10,7 +10,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::domain::{Pool, Update};
+use crate::domain::{LeaseDigest, Pool, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
 
 pub mod dynamodb;
@@ -118,4 +118,81 @@ pub trait PoolStore: Send + Sync {
 
     /// Removes the pool. Returns whether one was there.
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError>;
+}
+
+/// Outcome of writing a new ticket item.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PutTicket {
+    Created,
+    /// A ticket of the same lease id is stored already (handed back): an
+    /// enqueue repeated.
+    Exists(TicketItem),
+}
+
+/// Outcome of a ticket's state change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TicketUpdated {
+    /// It landed; the ticket as it is now.
+    Written(TicketItem),
+    /// The ticket was not in the state expected; as it is now.
+    Lost(TicketItem),
+    /// No such ticket.
+    Gone,
+}
+
+/// Tickets in items of their own under their pool's key (async mode): one
+/// per lease id, read in ticket order. Every state change is conditioned on
+/// the state it leaves, so each ticket ends exactly once.
+#[async_trait]
+pub trait TicketStore: Send + Sync {
+    /// Stores a new ticket unless one of its lease id exists.
+    async fn put_ticket(&self, key: &PoolKey, ticket: &TicketItem)
+        -> Result<PutTicket, StoreError>;
+
+    /// The ticket of this lease digest. Always the latest write.
+    async fn ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<TicketItem>, StoreError>;
+
+    /// Up to `limit` tickets numbered `from` or above, in ticket order,
+    /// whatever their state. Always the latest writes.
+    async fn backlog(
+        &self,
+        key: &PoolKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TicketItem>, StoreError>;
+
+    /// Moves the ticket from `from` (the state as read) to `to`, if it is
+    /// still in `from`'s state. `from` must be allowed to become `to`
+    /// ([`TicketState::may_become`]); otherwise a `Corrupt` error (a bug).
+    async fn set_ticket_state(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        to: &TicketState,
+    ) -> Result<TicketUpdated, StoreError>;
+
+    /// Counts one more delivery attempt of a granted ticket; the count now,
+    /// or `None` when the ticket is not (or no longer) granted.
+    async fn count_attempt(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<u32>, StoreError>;
+
+    /// Removes every ticket item of the pool (after the pool itself was
+    /// deleted and its tickets ended); how many were removed.
+    async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError>;
+}
+
+/// The error for a state change no ticket may make: a bug of the caller.
+fn not_a_transition(from: &TicketState, to: &TicketState) -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!("a ticket cannot go from {} to {}", from.name(), to.name()),
+    )
 }

@@ -1,0 +1,500 @@
+//! Ticket items (async mode): one item per ticket under its pool's
+//! partition key, `sk = 01 ‖ lease digest`, its number in `tn`, which the
+//! local secondary index [`BY_TICKET`] orders (strongly consistent reads).
+//!
+//! | attribute | type | holds |
+//! |---|---|---|
+//! | `tn` | N | the ticket number (the index's sort key) |
+//! | `h`  | B | the holder it waits to become: digest ‖ ttl ms, as in the pool item |
+//! | `i`  | N | the pool's incarnation when it joined |
+//! | `j`, `u` | N | joined at, waits until (Unix ms) |
+//! | `cu`, `ct` | S | callback URL and token (absent for a sync borrower) |
+//! | `st` | S | the state's name; every change is conditioned on it |
+//! | `gp`, `gf`, `gt`, `ge` | N | once granted: position, fence, granted and expiry ms |
+//! | `dv` | N | delivered at (ms) |
+//! | `r`  | S | why it failed |
+//! | `n`  | N | delivery attempts |
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{
+    AttributeValue, DeleteRequest, ReturnValue, ReturnValuesOnConditionCheckFailure, WriteRequest,
+};
+
+use super::{number, store_error, DynamoDbStore, Item, PK, SK};
+use crate::domain::{Callback, Holder, LeaseDigest, TicketGrant, TicketItem, TicketState};
+use crate::keys::PoolKey;
+use crate::store::{
+    not_a_transition, PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated,
+};
+
+/// The local secondary index that orders a pool's tickets by number.
+pub const BY_TICKET: &str = "by_ticket";
+/// Its sort key: the ticket number.
+pub const NUMBER: &str = "tn";
+/// The first byte of every ticket item's sort key (the pool item's is `00`).
+pub const TICKET_ITEM: u8 = 1;
+
+const HOLDER: &str = "h";
+const INCARNATION: &str = "i";
+const JOINED: &str = "j";
+const WAIT_UNTIL: &str = "u";
+const CALLBACK_URL: &str = "cu";
+const CALLBACK_TOKEN: &str = "ct";
+const STATE: &str = "st";
+const POSITION: &str = "gp";
+const FENCE: &str = "gf";
+const GRANTED: &str = "gt";
+const EXPIRES: &str = "ge";
+const DELIVERED: &str = "dv";
+const REASON: &str = "r";
+const ATTEMPTS: &str = "n";
+
+fn ticket_key(key: &PoolKey, digest: LeaseDigest) -> Item {
+    let mut sk = vec![TICKET_ITEM];
+    sk.extend_from_slice(&digest.0);
+    HashMap::from([
+        (PK.to_string(), AttributeValue::B(Blob::new(key.0.to_vec()))),
+        (SK.to_string(), AttributeValue::B(Blob::new(sk))),
+    ])
+}
+
+fn string(s: &str) -> AttributeValue {
+    AttributeValue::S(s.to_string())
+}
+
+/// The attributes a state sets (besides `st`).
+fn state_attributes(state: &TicketState) -> Vec<(&'static str, AttributeValue)> {
+    let grant = |g: &TicketGrant| {
+        vec![
+            (POSITION, number(g.position)),
+            (FENCE, number(g.fence)),
+            (GRANTED, number(g.granted_ms)),
+            (EXPIRES, number(g.expires_at_ms)),
+        ]
+    };
+    match state {
+        TicketState::Granted(g) => grant(g),
+        TicketState::Delivered {
+            grant: g,
+            delivered_ms,
+        } => {
+            let mut attributes = grant(g);
+            attributes.push((DELIVERED, number(delivered_ms)));
+            attributes
+        }
+        TicketState::Failed { reason } => vec![(REASON, string(reason))],
+        TicketState::Waiting | TicketState::Cancelled | TicketState::Expired => Vec::new(),
+    }
+}
+
+fn encode(key: &PoolKey, ticket: &TicketItem) -> Item {
+    let mut item = ticket_key(key, ticket.digest());
+    item.extend([
+        (NUMBER.to_string(), number(ticket.number)),
+        (
+            HOLDER.to_string(),
+            AttributeValue::B(Blob::new(ticket.holder.to_bytes())),
+        ),
+        (INCARNATION.to_string(), number(ticket.incarnation)),
+        (JOINED.to_string(), number(ticket.joined_ms)),
+        (WAIT_UNTIL.to_string(), number(ticket.wait_until_ms)),
+        (STATE.to_string(), string(ticket.state.name())),
+        (ATTEMPTS.to_string(), number(ticket.attempts)),
+    ]);
+    if let Some(callback) = &ticket.callback {
+        item.insert(CALLBACK_URL.to_string(), string(&callback.url));
+        item.insert(CALLBACK_TOKEN.to_string(), string(&callback.token));
+    }
+    for (name, value) in state_attributes(&ticket.state) {
+        item.insert(name.to_string(), value);
+    }
+    item
+}
+
+fn decode(item: &Item) -> Result<TicketItem, StoreError> {
+    let corrupt =
+        |what: &str| StoreError::new(StoreErrorKind::Corrupt, format!("ticket item: {what}"));
+    let int = |name: &str| -> Result<u64, StoreError> {
+        match item.get(name) {
+            Some(AttributeValue::N(n)) => n.parse().map_err(|_| corrupt(name)),
+            _ => Err(corrupt(name)),
+        }
+    };
+    let text = |name: &str| -> Result<String, StoreError> {
+        match item.get(name) {
+            Some(AttributeValue::S(s)) => Ok(s.clone()),
+            _ => Err(corrupt(name)),
+        }
+    };
+    let holder = match item.get(HOLDER) {
+        Some(AttributeValue::B(blob)) => {
+            Holder::from_bytes(blob.as_ref()).ok_or_else(|| corrupt(HOLDER))?
+        }
+        _ => return Err(corrupt(HOLDER)),
+    };
+    let grant = || -> Result<TicketGrant, StoreError> {
+        Ok(TicketGrant {
+            position: u16::try_from(int(POSITION)?).map_err(|_| corrupt(POSITION))?,
+            fence: int(FENCE)?,
+            granted_ms: int(GRANTED)?,
+            expires_at_ms: int(EXPIRES)?,
+        })
+    };
+    let state = match text(STATE)?.as_str() {
+        "waiting" => TicketState::Waiting,
+        "granted" => TicketState::Granted(grant()?),
+        "delivered" => TicketState::Delivered {
+            grant: grant()?,
+            delivered_ms: int(DELIVERED)?,
+        },
+        "failed" => TicketState::Failed {
+            reason: text(REASON)?,
+        },
+        "cancelled" => TicketState::Cancelled,
+        "expired" => TicketState::Expired,
+        _ => return Err(corrupt(STATE)),
+    };
+    let callback = match (item.get(CALLBACK_URL), item.get(CALLBACK_TOKEN)) {
+        (None, None) => None,
+        _ => Some(Callback {
+            url: text(CALLBACK_URL)?,
+            token: text(CALLBACK_TOKEN)?,
+        }),
+    };
+    Ok(TicketItem {
+        number: int(NUMBER)?,
+        holder,
+        incarnation: int(INCARNATION)?,
+        joined_ms: int(JOINED)?,
+        wait_until_ms: int(WAIT_UNTIL)?,
+        callback,
+        state,
+        attempts: u32::try_from(int(ATTEMPTS)?).map_err(|_| corrupt(ATTEMPTS))?,
+    })
+}
+
+/// The item a failed condition handed back: the ticket as it is, or gone.
+fn lost(item: Option<&Item>) -> Result<TicketUpdated, StoreError> {
+    match item {
+        Some(item) if !item.is_empty() => Ok(TicketUpdated::Lost(decode(item)?)),
+        _ => Ok(TicketUpdated::Gone),
+    }
+}
+
+#[async_trait]
+impl TicketStore for DynamoDbStore {
+    async fn put_ticket(
+        &self,
+        key: &PoolKey,
+        ticket: &TicketItem,
+    ) -> Result<PutTicket, StoreError> {
+        let sent = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(encode(key, ticket)))
+            .condition_expression("attribute_not_exists(pk)")
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                Ok(PutTicket::Created)
+            }
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
+                    let item = failed.item().ok_or_else(|| {
+                        StoreError::new(
+                            StoreErrorKind::Unavailable,
+                            "a ticket's put failed its condition but returned no item",
+                        )
+                    })?;
+                    let existing = decode(item)?;
+                    // Our own put, landed on an earlier SDK attempt.
+                    Ok(if existing == *ticket {
+                        PutTicket::Created
+                    } else {
+                        PutTicket::Exists(existing)
+                    })
+                }
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+
+    async fn ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<TicketItem>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(ticket_key(key, digest)))
+            .consistent_read(true)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await
+            .map_err(store_error)?;
+        self.record(out.consumed_capacity());
+        out.item().map(decode).transpose()
+    }
+
+    async fn backlog(
+        &self,
+        key: &PoolKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TicketItem>, StoreError> {
+        let mut found = Vec::new();
+        let mut start = None;
+        // A page ends at 1 MB or at `limit` items; read on until `limit`.
+        while found.len() < limit {
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .index_name(BY_TICKET)
+                .key_condition_expression("pk = :pk AND tn >= :from")
+                .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
+                .expression_attribute_values(":from", number(from))
+                .consistent_read(true)
+                .limit(i32::try_from(limit - found.len()).unwrap_or(i32::MAX))
+                .set_exclusive_start_key(start)
+                .set_return_consumed_capacity(self.capacity_mode())
+                .send()
+                .await
+                .map_err(store_error)?;
+            self.record(out.consumed_capacity());
+            for item in out.items() {
+                found.push(decode(item)?);
+            }
+            start = out.last_evaluated_key().cloned();
+            if start.is_none() {
+                break;
+            }
+        }
+        Ok(found)
+    }
+
+    async fn set_ticket_state(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        to: &TicketState,
+    ) -> Result<TicketUpdated, StoreError> {
+        if !from.may_become(to) {
+            return Err(not_a_transition(from, to));
+        }
+        let mut sets = vec!["#st = :to".to_string()];
+        let mut names = HashMap::from([("#st".to_string(), STATE.to_string())]);
+        let mut values = HashMap::from([
+            (":from".to_string(), string(from.name())),
+            (":to".to_string(), string(to.name())),
+        ]);
+        for (i, (name, value)) in state_attributes(to).into_iter().enumerate() {
+            sets.push(format!("#a{i} = :a{i}"));
+            names.insert(format!("#a{i}"), name.to_string());
+            values.insert(format!(":a{i}"), value);
+        }
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(ticket_key(key, digest)))
+            .update_expression(format!("SET {}", sets.join(", ")))
+            // A state is entered once per ticket, so its name is enough.
+            .condition_expression("#st = :from")
+            .set_expression_attribute_names(Some(names))
+            .set_expression_attribute_values(Some(values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                let item = out.attributes().ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
+                })?;
+                Ok(TicketUpdated::Written(decode(item)?))
+            }
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                    lost(failed.item())
+                }
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+
+    async fn count_attempt(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<u32>, StoreError> {
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(ticket_key(key, digest)))
+            .update_expression("ADD #n :one")
+            .condition_expression("#st = :granted")
+            .expression_attribute_names("#n", ATTEMPTS)
+            .expression_attribute_names("#st", STATE)
+            .expression_attribute_values(":one", number(1))
+            .expression_attribute_values(":granted", string("granted"))
+            .return_values(ReturnValue::UpdatedNew)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                match out.attributes().and_then(|a| a.get(ATTEMPTS)) {
+                    Some(AttributeValue::N(n)) => n.parse().map(Some).map_err(|_| {
+                        StoreError::new(StoreErrorKind::Corrupt, "ticket item: attempts")
+                    }),
+                    _ => Err(StoreError::new(
+                        StoreErrorKind::Unavailable,
+                        "update returned no attempts",
+                    )),
+                }
+            }
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(None),
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+
+    async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {
+        let mut removed = 0;
+        loop {
+            // Keys only, a page at a time; each page deleted in batches of 25.
+            let out = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .key_condition_expression("pk = :pk AND begins_with(sk, :tickets)")
+                .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
+                .expression_attribute_values(
+                    ":tickets",
+                    AttributeValue::B(Blob::new(vec![TICKET_ITEM])),
+                )
+                .projection_expression("pk, sk")
+                .consistent_read(true)
+                .send()
+                .await
+                .map_err(store_error)?;
+            let keys: Vec<Item> = out.items().to_vec();
+            if keys.is_empty() {
+                return Ok(removed);
+            }
+            for batch in keys.chunks(25) {
+                let mut requests: Vec<WriteRequest> = batch
+                    .iter()
+                    .map(|key| {
+                        DeleteRequest::builder()
+                            .set_key(Some(key.clone()))
+                            .build()
+                            .map(|delete| WriteRequest::builder().delete_request(delete).build())
+                            .map_err(|e| {
+                                StoreError::new(StoreErrorKind::Unavailable, e.to_string())
+                            })
+                    })
+                    .collect::<Result<_, _>>()?;
+                // Unprocessed deletes (throttling) are sent again, a few times.
+                for _ in 0..5 {
+                    let out = self
+                        .client
+                        .batch_write_item()
+                        .request_items(&self.table, requests)
+                        .send()
+                        .await
+                        .map_err(store_error)?;
+                    requests = out
+                        .unprocessed_items()
+                        .and_then(|u| u.get(&self.table))
+                        .cloned()
+                        .unwrap_or_default();
+                    if requests.is_empty() {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                if !requests.is_empty() {
+                    return Err(StoreError::new(
+                        StoreErrorKind::Throttled,
+                        "ticket deletes left unprocessed",
+                    ));
+                }
+                removed += batch.len();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tickets_round_trip_in_every_state() {
+        let key = PoolKey([7; 16]);
+        let grant = TicketGrant {
+            position: 3,
+            fence: 1_795_241_433_052_117,
+            granted_ms: 1_795_241_433_052,
+            expires_at_ms: 1_795_241_463_052,
+        };
+        let states = [
+            TicketState::Waiting,
+            TicketState::Granted(grant),
+            TicketState::Delivered {
+                grant,
+                delivered_ms: 1_795_241_433_100,
+            },
+            TicketState::Failed {
+                reason: "the receiver answered HTTP 410".into(),
+            },
+            TicketState::Cancelled,
+            TicketState::Expired,
+        ];
+        for (i, state) in states.into_iter().enumerate() {
+            let ticket = TicketItem {
+                number: 40 + i as u64,
+                holder: Holder {
+                    digest: LeaseDigest([i as u8; 8]),
+                    ttl_ms: 30_000,
+                },
+                incarnation: u64::MAX - 1,
+                joined_ms: 1_795_241_400_000,
+                wait_until_ms: 1_795_327_800_000,
+                callback: (i % 2 == 0).then(|| Callback {
+                    url: "https://example.com/hook".into(),
+                    token: "t".into(),
+                }),
+                state,
+                attempts: i as u32,
+            };
+            let item = encode(&key, &ticket);
+            assert_eq!(decode(&item), Ok(ticket.clone()), "{}", ticket.state.name());
+            let AttributeValue::B(sk) = &item[SK] else {
+                panic!("binary sort key")
+            };
+            assert_eq!(sk.as_ref()[0], TICKET_ITEM);
+            assert_eq!(&sk.as_ref()[1..], &ticket.digest().0);
+        }
+    }
+}
