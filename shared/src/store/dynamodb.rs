@@ -131,31 +131,42 @@ pub fn pool_key(key: &PoolKey) -> Item {
     ])
 }
 
-#[async_trait]
-impl PoolStore for DynamoDbStore {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+/// A conditional write's outcome, as DynamoDB hands the item back.
+enum Written {
+    /// It landed: the item as it is now (`ALL_NEW`).
+    Now(Item),
+    /// Its condition failed (still a billed write): the item as it is
+    /// (`ALL_OLD`), or `None` when there is none.
+    Lost(Option<Item>),
+}
+
+impl DynamoDbStore {
+    /// A strongly consistent `GetItem`: a waiter must see the latest
+    /// hand-off, a dispatcher the latest state, or they act on old news.
+    async fn get(&self, key: Item) -> Result<Option<Item>, StoreError> {
         let out = self
             .client
             .get_item()
             .table_name(&self.table)
-            .set_key(Some(pool_key(key)))
-            // A waiter must see the latest hand-off, or it would wait for nothing.
+            .set_key(Some(key))
             .consistent_read(true)
             .set_return_consumed_capacity(self.capacity_mode())
             .send()
             .await
             .map_err(store_error)?;
         self.record(out.consumed_capacity());
-        out.item().map(decode).transpose()
+        Ok(out.item().cloned())
     }
 
-    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+    /// A `PutItem` unless an item with its key exists: `None` when it was
+    /// written, else the item that is there.
+    async fn put_new(&self, item: Item) -> Result<Option<Item>, StoreError> {
         let sent = self
             .client
             .put_item()
             .table_name(&self.table)
-            .set_item(Some(encode(key, record)))
-            .condition_expression("attribute_not_exists(pk)")
+            .set_item(Some(item))
+            .condition_expression(format!("attribute_not_exists({PK})"))
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .set_return_consumed_capacity(self.capacity_mode())
             .send()
@@ -163,27 +174,78 @@ impl PoolStore for DynamoDbStore {
         match sent {
             Ok(out) => {
                 self.record(out.consumed_capacity());
-                Ok(Created::Created(record.clone()))
+                Ok(None)
             }
             Err(err) => match err.as_service_error() {
                 Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    let item = failed.item().ok_or_else(|| {
+                    failed.item().cloned().map(Some).ok_or_else(|| {
                         StoreError::new(
                             StoreErrorKind::Unavailable,
-                            "create failed its condition but returned no item",
+                            "a put failed its condition but returned no item",
                         )
-                    })?;
-                    let current = decode(item)?;
-                    Ok(if current.incarnation == record.incarnation {
-                        // Our own create, landed on an earlier SDK attempt.
-                        Created::Created(current)
-                    } else {
-                        Created::Exists(current)
                     })
                 }
                 _ => Err(store_error(err)),
             },
         }
+    }
+
+    /// One conditional `UpdateItem`, never retried here: the item comes
+    /// back either way, so the caller decides again without a read.
+    async fn update_item(&self, key: Item, call: Expression) -> Result<Written, StoreError> {
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .update_expression(call.update)
+            .condition_expression(call.condition)
+            // DynamoDB refuses an empty map of names.
+            .set_expression_attribute_names((!call.names.is_empty()).then_some(call.names))
+            .set_expression_attribute_values(Some(call.values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                out.attributes().cloned().map(Written::Now).ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
+                })
+            }
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                    Ok(Written::Lost(failed.item().cloned()))
+                }
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl PoolStore for DynamoDbStore {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        self.get(pool_key(key))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        let Some(item) = self.put_new(encode(key, record)).await? else {
+            return Ok(Created::Created(record.clone()));
+        };
+        let current = decode(&item)?;
+        Ok(if current.incarnation == record.incarnation {
+            // Our own create, landed on an earlier SDK attempt.
+            Created::Created(current)
+        } else {
+            Created::Exists(current)
+        })
     }
 
     /// One conditional `UpdateItem`: a lost condition is one billed write,
@@ -195,40 +257,11 @@ impl PoolStore for DynamoDbStore {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let expr = Expression::of(incarnation, update);
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(pool_key(key)))
-            .update_expression(expr.update)
-            .condition_expression(expr.condition)
-            // DynamoDB refuses an empty map of names.
-            .set_expression_attribute_names((!expr.names.is_empty()).then_some(expr.names))
-            .set_expression_attribute_values(Some(expr.values))
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                let item = out.attributes().ok_or_else(|| {
-                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
-                })?;
-                Ok(Updated::Written(decode(item)?))
-            }
-            Err(err) => match err.as_service_error() {
-                // A failed condition is still a billed write.
-                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
-                    match failed.item() {
-                        Some(item) => Ok(Updated::Lost(decode(item)?)),
-                        None => Ok(Updated::Gone),
-                    }
-                }
-                _ => Err(store_error(err)),
-            },
-        }
+        Ok(match self.update_item(pool_key(key), expr).await? {
+            Written::Now(item) => Updated::Written(decode(&item)?),
+            Written::Lost(Some(item)) => Updated::Lost(decode(&item)?),
+            Written::Lost(None) => Updated::Gone,
+        })
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
@@ -248,7 +281,7 @@ impl PoolStore for DynamoDbStore {
     }
 }
 
-/// One update as DynamoDB expressions. Top-level attribute names are single
+/// One update as DynamoDB expressions (for a pool item, made by [`Expression::of`]). Top-level attribute names are single
 /// letters, none of them reserved words; tombstone keys come from data and
 /// go through placeholders; list indices are numbers the planner chose.
 struct Expression {

@@ -7,8 +7,7 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{
-    not_a_transition, Created, PoolStore, PutTicket, Record, StoreError, TicketStore,
-    TicketUpdated, Updated,
+    Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated, Updated,
 };
 use crate::domain::{LeaseDigest, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
@@ -131,16 +130,13 @@ impl TicketStore for MemoryStore {
         Ok(found)
     }
 
-    async fn set_ticket_state(
+    async fn move_ticket(
         &self,
         key: &PoolKey,
         digest: LeaseDigest,
         from: &TicketState,
         to: &TicketState,
     ) -> Result<TicketUpdated, StoreError> {
-        if !from.may_become(to) {
-            return Err(not_a_transition(from, to));
-        }
         let mut tickets = self.tickets();
         let Some(ticket) = tickets.get_mut(key).and_then(|pool| pool.get_mut(&digest)) else {
             return Ok(TicketUpdated::Gone);

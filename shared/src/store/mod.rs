@@ -174,6 +174,24 @@ pub trait TicketStore: Send + Sync {
         digest: LeaseDigest,
         from: &TicketState,
         to: &TicketState,
+    ) -> Result<TicketUpdated, StoreError> {
+        if !from.may_become(to) {
+            return Err(StoreError::new(
+                StoreErrorKind::Corrupt,
+                format!("a ticket cannot go from {} to {}", from.name(), to.name()),
+            ));
+        }
+        self.move_ticket(key, digest, from, to).await
+    }
+
+    /// [`set_ticket_state`](Self::set_ticket_state)'s write, the transition
+    /// checked: conditioned on the ticket's state being `from`'s.
+    async fn move_ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        to: &TicketState,
     ) -> Result<TicketUpdated, StoreError>;
 
     /// Counts one more delivery attempt of a granted ticket; the count now,
@@ -187,12 +205,4 @@ pub trait TicketStore: Send + Sync {
     /// Removes every ticket item of the pool (after the pool itself was
     /// deleted and its tickets ended); how many were removed.
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError>;
-}
-
-/// The error for a state change no ticket may make: a bug of the caller.
-fn not_a_transition(from: &TicketState, to: &TicketState) -> StoreError {
-    StoreError::new(
-        StoreErrorKind::Corrupt,
-        format!("a ticket cannot go from {} to {}", from.name(), to.name()),
-    )
 }

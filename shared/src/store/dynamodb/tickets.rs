@@ -18,19 +18,13 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
-use aws_sdk_dynamodb::operation::put_item::PutItemError;
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{
-    AttributeValue, DeleteRequest, ReturnValue, ReturnValuesOnConditionCheckFailure, WriteRequest,
-};
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 
-use super::{number, store_error, DynamoDbStore, Item, PK, SK};
+use super::{number, store_error, DynamoDbStore, Expression, Item, Written, PK, SK};
 use crate::domain::{Callback, Holder, LeaseDigest, TicketGrant, TicketItem, TicketState};
 use crate::keys::PoolKey;
-use crate::store::{
-    not_a_transition, PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated,
-};
+use crate::store::{PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated};
 
 /// The local secondary index that orders a pool's tickets by number.
 pub const BY_TICKET: &str = "by_ticket";
@@ -178,11 +172,52 @@ fn decode(item: &Item) -> Result<TicketItem, StoreError> {
     })
 }
 
-/// The item a failed condition handed back: the ticket as it is, or gone.
-fn lost(item: Option<&Item>) -> Result<TicketUpdated, StoreError> {
-    match item {
-        Some(item) if !item.is_empty() => Ok(TicketUpdated::Lost(decode(item)?)),
-        _ => Ok(TicketUpdated::Gone),
+/// Which of a pool's ticket items a query reads.
+enum Tickets {
+    /// Those numbered this or above, in order (the index), whole.
+    From(u64),
+    /// All of them, keys only.
+    All,
+}
+
+impl DynamoDbStore {
+    /// One page of a strongly consistent query of a pool's ticket items,
+    /// from `start`: the items, and where the next page starts.
+    async fn page(
+        &self,
+        key: &PoolKey,
+        which: Tickets,
+        limit: Option<usize>,
+        start: Option<Item>,
+    ) -> Result<(Vec<Item>, Option<Item>), StoreError> {
+        let query = self
+            .client
+            .query()
+            .table_name(&self.table)
+            .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
+            .consistent_read(true);
+        let query = match which {
+            Tickets::From(from) => query
+                .index_name(BY_TICKET)
+                .key_condition_expression(format!("{PK} = :pk AND {NUMBER} >= :from"))
+                .expression_attribute_values(":from", number(from)),
+            Tickets::All => query
+                .key_condition_expression(format!("{PK} = :pk AND begins_with({SK}, :tickets)"))
+                .expression_attribute_values(
+                    ":tickets",
+                    AttributeValue::B(Blob::new(vec![TICKET_ITEM])),
+                )
+                .projection_expression(format!("{PK}, {SK}")),
+        };
+        let out = query
+            .set_limit(limit.map(|l| i32::try_from(l).unwrap_or(i32::MAX)))
+            .set_exclusive_start_key(start)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await
+            .map_err(store_error)?;
+        self.record(out.consumed_capacity());
+        Ok((out.items().to_vec(), out.last_evaluated_key().cloned()))
     }
 }
 
@@ -193,40 +228,16 @@ impl TicketStore for DynamoDbStore {
         key: &PoolKey,
         ticket: &TicketItem,
     ) -> Result<PutTicket, StoreError> {
-        let sent = self
-            .client
-            .put_item()
-            .table_name(&self.table)
-            .set_item(Some(encode(key, ticket)))
-            .condition_expression("attribute_not_exists(pk)")
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                Ok(PutTicket::Created)
-            }
-            Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
-                    let item = failed.item().ok_or_else(|| {
-                        StoreError::new(
-                            StoreErrorKind::Unavailable,
-                            "a ticket's put failed its condition but returned no item",
-                        )
-                    })?;
-                    let existing = decode(item)?;
-                    // Our own put, landed on an earlier SDK attempt.
-                    Ok(if existing == *ticket {
-                        PutTicket::Created
-                    } else {
-                        PutTicket::Exists(existing)
-                    })
-                }
-                _ => Err(store_error(err)),
-            },
-        }
+        let Some(item) = self.put_new(encode(key, ticket)).await? else {
+            return Ok(PutTicket::Created);
+        };
+        let existing = decode(&item)?;
+        // Our own put, landed on an earlier SDK attempt.
+        Ok(if existing == *ticket {
+            PutTicket::Created
+        } else {
+            PutTicket::Exists(existing)
+        })
     }
 
     async fn ticket(
@@ -234,18 +245,8 @@ impl TicketStore for DynamoDbStore {
         key: &PoolKey,
         digest: LeaseDigest,
     ) -> Result<Option<TicketItem>, StoreError> {
-        let out = self
-            .client
-            .get_item()
-            .table_name(&self.table)
-            .set_key(Some(ticket_key(key, digest)))
-            .consistent_read(true)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await
-            .map_err(store_error)?;
-        self.record(out.consumed_capacity());
-        out.item().map(decode).transpose()
+        let item = self.get(ticket_key(key, digest)).await?;
+        item.as_ref().map(decode).transpose()
     }
 
     async fn backlog(
@@ -258,26 +259,13 @@ impl TicketStore for DynamoDbStore {
         let mut start = None;
         // A page ends at 1 MB or at `limit` items; read on until `limit`.
         while found.len() < limit {
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .index_name(BY_TICKET)
-                .key_condition_expression("pk = :pk AND tn >= :from")
-                .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
-                .expression_attribute_values(":from", number(from))
-                .consistent_read(true)
-                .limit(i32::try_from(limit - found.len()).unwrap_or(i32::MAX))
-                .set_exclusive_start_key(start)
-                .set_return_consumed_capacity(self.capacity_mode())
-                .send()
-                .await
-                .map_err(store_error)?;
-            self.record(out.consumed_capacity());
-            for item in out.items() {
+            let (items, next) = self
+                .page(key, Tickets::From(from), Some(limit - found.len()), start)
+                .await?;
+            for item in &items {
                 found.push(decode(item)?);
             }
-            start = out.last_evaluated_key().cloned();
+            start = next;
             if start.is_none() {
                 break;
             }
@@ -285,16 +273,13 @@ impl TicketStore for DynamoDbStore {
         Ok(found)
     }
 
-    async fn set_ticket_state(
+    async fn move_ticket(
         &self,
         key: &PoolKey,
         digest: LeaseDigest,
         from: &TicketState,
         to: &TicketState,
     ) -> Result<TicketUpdated, StoreError> {
-        if !from.may_become(to) {
-            return Err(not_a_transition(from, to));
-        }
         let mut sets = vec!["#st = :to".to_string()];
         let mut names = HashMap::from([("#st".to_string(), STATE.to_string())]);
         let mut values = HashMap::from([
@@ -306,36 +291,20 @@ impl TicketStore for DynamoDbStore {
             names.insert(format!("#a{i}"), name.to_string());
             values.insert(format!(":a{i}"), value);
         }
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(ticket_key(key, digest)))
-            .update_expression(format!("SET {}", sets.join(", ")))
+        let call = Expression {
+            update: format!("SET {}", sets.join(", ")),
             // A state is entered once per ticket, so its name is enough.
-            .condition_expression("#st = :from")
-            .set_expression_attribute_names(Some(names))
-            .set_expression_attribute_values(Some(values))
-            .return_values(ReturnValue::AllNew)
-            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                let item = out.attributes().ok_or_else(|| {
-                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
-                })?;
-                Ok(TicketUpdated::Written(decode(item)?))
-            }
-            Err(err) => match err.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
-                    lost(failed.item())
-                }
-                _ => Err(store_error(err)),
+            condition: "#st = :from".to_string(),
+            names,
+            values,
+        };
+        Ok(
+            match self.update_item(ticket_key(key, digest), call).await? {
+                Written::Now(item) => TicketUpdated::Written(decode(&item)?),
+                Written::Lost(Some(item)) => TicketUpdated::Lost(decode(&item)?),
+                Written::Lost(None) => TicketUpdated::Gone,
             },
-        }
+        )
     }
 
     async fn count_attempt(
@@ -343,38 +312,21 @@ impl TicketStore for DynamoDbStore {
         key: &PoolKey,
         digest: LeaseDigest,
     ) -> Result<Option<u32>, StoreError> {
-        let sent = self
-            .client
-            .update_item()
-            .table_name(&self.table)
-            .set_key(Some(ticket_key(key, digest)))
-            .update_expression("ADD #n :one")
-            .condition_expression("#st = :granted")
-            .expression_attribute_names("#n", ATTEMPTS)
-            .expression_attribute_names("#st", STATE)
-            .expression_attribute_values(":one", number(1))
-            .expression_attribute_values(":granted", string("granted"))
-            .return_values(ReturnValue::UpdatedNew)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
-        match sent {
-            Ok(out) => {
-                self.record(out.consumed_capacity());
-                match out.attributes().and_then(|a| a.get(ATTEMPTS)) {
-                    Some(AttributeValue::N(n)) => n.parse().map(Some).map_err(|_| {
-                        StoreError::new(StoreErrorKind::Corrupt, "ticket item: attempts")
-                    }),
-                    _ => Err(StoreError::new(
-                        StoreErrorKind::Unavailable,
-                        "update returned no attempts",
-                    )),
-                }
-            }
-            Err(err) => match err.as_service_error() {
-                Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(None),
-                _ => Err(store_error(err)),
-            },
+        let call = Expression {
+            update: "ADD #n :one".to_string(),
+            condition: "#st = :granted".to_string(),
+            names: HashMap::from([
+                ("#n".to_string(), ATTEMPTS.to_string()),
+                ("#st".to_string(), STATE.to_string()),
+            ]),
+            values: HashMap::from([
+                (":one".to_string(), number(1)),
+                (":granted".to_string(), string("granted")),
+            ]),
+        };
+        match self.update_item(ticket_key(key, digest), call).await? {
+            Written::Now(item) => decode(&item).map(|ticket| Some(ticket.attempts)),
+            Written::Lost(_) => Ok(None),
         }
     }
 
@@ -382,22 +334,7 @@ impl TicketStore for DynamoDbStore {
         let mut removed = 0;
         loop {
             // Keys only, a page at a time; each page deleted in batches of 25.
-            let out = self
-                .client
-                .query()
-                .table_name(&self.table)
-                .key_condition_expression("pk = :pk AND begins_with(sk, :tickets)")
-                .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
-                .expression_attribute_values(
-                    ":tickets",
-                    AttributeValue::B(Blob::new(vec![TICKET_ITEM])),
-                )
-                .projection_expression("pk, sk")
-                .consistent_read(true)
-                .send()
-                .await
-                .map_err(store_error)?;
-            let keys: Vec<Item> = out.items().to_vec();
+            let (keys, _) = self.page(key, Tickets::All, None, None).await?;
             if keys.is_empty() {
                 return Ok(removed);
             }
