@@ -10,6 +10,7 @@
 
 mod backoff;
 mod seconds;
+mod ticket;
 
 use std::fmt;
 
@@ -19,6 +20,7 @@ pub use uuid::Uuid;
 
 pub use backoff::{unit, Backoff, Jitter};
 pub use seconds::Seconds;
+pub use ticket::{CallbackBody, Delivery, EnqueueBody, Enqueued, TicketStatus};
 
 /// Most slots a pool may have.
 pub const MAX_COUNT: u16 = 1000;
@@ -111,33 +113,47 @@ impl TryFrom<Map<String, Value>> for BorrowBody {
     type Error = Invalid;
 
     fn try_from(body: Map<String, Value>) -> Result<Self, Invalid> {
-        let ttl = match body.get("ttl") {
-            None => return Err(invalid("ttl is required")),
-            Some(value) => value.as_f64().filter(|t| t.is_finite() && *t > 0.0),
-        }
-        .ok_or_else(|| invalid("ttl must be a number of seconds greater than 0"))?;
-        let wait = match body.get("wait") {
-            None => Seconds::ZERO,
-            Some(value) => value
+        Ok(BorrowBody {
+            ttl: ttl(&body)?,
+            wait: wait(&body)?.unwrap_or(Seconds::ZERO),
+            lease: match body.get("lease") {
+                None => None,
+                Some(value) => Some(chosen_lease(value)?),
+            },
+        })
+    }
+}
+
+/// `ttl`: required, a number of seconds greater than 0, kept to the
+/// millisecond; a positive ttl never rounds to an already-expired lease.
+fn ttl(body: &Map<String, Value>) -> Result<Seconds, Invalid> {
+    let ttl = match body.get("ttl") {
+        None => return Err(invalid("ttl is required")),
+        Some(value) => value.as_f64().filter(|t| t.is_finite() && *t > 0.0),
+    }
+    .ok_or_else(|| invalid("ttl must be a number of seconds greater than 0"))?;
+    Ok(Seconds::from_secs_f64(ttl)
+        .unwrap_or(Seconds::MAX)
+        .max(Seconds::from_millis(1)))
+}
+
+/// `wait`, if given: a number of seconds, 0 or more.
+fn wait(body: &Map<String, Value>) -> Result<Option<Seconds>, Invalid> {
+    body.get("wait")
+        .map(|value| {
+            value
                 .as_f64()
                 .and_then(Seconds::from_secs_f64)
-                .ok_or_else(|| invalid("wait must be a number of seconds, 0 or more"))?,
-        };
-        let lease = match body.get("lease") {
-            None => None,
-            Some(value) => match lease(value)? {
-                lease if lease.is_nil() => return Err(invalid("lease must not be the nil UUID")),
-                lease => Some(lease),
-            },
-        };
-        Ok(BorrowBody {
-            // A positive ttl never rounds to an already-expired lease.
-            ttl: Seconds::from_secs_f64(ttl)
-                .unwrap_or(Seconds::MAX)
-                .max(Seconds::from_millis(1)),
-            wait,
-            lease,
+                .ok_or_else(|| invalid("wait must be a number of seconds, 0 or more"))
         })
+        .transpose()
+}
+
+/// A lease UUID the client chose: not the nil one.
+fn chosen_lease(value: &Value) -> Result<Uuid, Invalid> {
+    match lease(value)? {
+        lease if lease.is_nil() => Err(invalid("lease must not be the nil UUID")),
+        lease => Ok(lease),
     }
 }
 
