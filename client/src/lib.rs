@@ -88,11 +88,10 @@ use std::time::{Duration, Instant};
 use reqwest::header::CONTENT_TYPE;
 use reqwest::{Method, Url};
 use semaphore_wire::{
-    Backoff, BorrowBody, Deleted, ErrorBody, Jitter, RegisterBody, ReturnBody, Returned, Seconds,
-    POOL_NOT_FOUND,
+    to_json, Backoff, BorrowBody, Deleted, ErrorBody, Jitter, RegisterBody, ReturnBody, Returned,
+    Seconds, POOL_NOT_FOUND,
 };
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 use tokio::sync::Notify;
 
 pub use error::Error;
@@ -503,7 +502,7 @@ impl Pool {
     /// `PUT /l/{id}`: creates the pool with `count` slots (0 to 1000), or
     /// changes its count, keeping live leases.
     pub async fn register(&self, count: u16) -> Result<PoolState, Error> {
-        let count = body(RegisterBody { count });
+        let count = to_json(&RegisterBody { count });
         self.request(Method::PUT, "", Some(count)).await
     }
 
@@ -527,7 +526,7 @@ impl Pool {
     /// nothing was held), so this also gives up a borrow made with
     /// [`Borrow::lease_id`] from elsewhere.
     pub async fn return_lease(&self, lease: Uuid) -> Result<bool, Error> {
-        let lease = body(ReturnBody { lease });
+        let lease = to_json(&ReturnBody { lease });
         let answer: Returned = self.request(Method::POST, "/return", Some(lease)).await?;
         Ok(answer.returned)
     }
@@ -581,7 +580,7 @@ impl Pool {
                         wait: Seconds::from(asked),
                         lease: Some(lease),
                     };
-                    (Some(body(ask)), asked + REQUEST_SLACK)
+                    (Some(to_json(&ask)), asked + REQUEST_SLACK)
                 })
                 .await?;
             let received = Instant::now();
@@ -685,12 +684,6 @@ impl Drop for GiveUp<'_> {
             self.pool.return_in_background(self.lease);
         }
     }
-}
-
-/// A request body as JSON.
-fn body(body: impl Serialize) -> String {
-    // The wire types have string keys only: this cannot fail.
-    serde_json::to_string(&body).unwrap_or_default()
 }
 
 /// A duration for people: `5 s`, `0.25 s`, `90 s`.

@@ -9,7 +9,6 @@ use lambda_http::http::{
     HeaderValue, StatusCode,
 };
 use semaphore_wire::{self as wire, Seconds};
-use serde::Serialize;
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
@@ -127,7 +126,7 @@ impl ApiResponse {
 pub fn error_response(err: &Error) -> ApiResponse {
     ApiResponse {
         status: err.status(),
-        body: json(wire::ErrorBody {
+        body: wire::to_value(&wire::ErrorBody {
             error: err.to_string(),
         }),
         allow: match err {
@@ -291,7 +290,7 @@ async fn execute(
         }
         Request::Delete { id } => {
             let deleted = service.delete(id, call).await?;
-            Ok(ApiResponse::ok(json(wire::Deleted { deleted })))
+            Ok(ApiResponse::ok(wire::to_value(&wire::Deleted { deleted })))
         }
         Request::Borrow { id, borrow } => {
             let grant = service.borrow(id, borrow, call).await?;
@@ -299,7 +298,9 @@ async fn execute(
         }
         Request::Return { id, lease } => {
             let returned = service.return_lease(id, lease, call).await?;
-            Ok(ApiResponse::ok(json(wire::Returned { returned })))
+            Ok(ApiResponse::ok(wire::to_value(&wire::Returned {
+                returned,
+            })))
         }
     }
 }
@@ -342,14 +343,8 @@ fn borrow_request(body: wire::BorrowBody) -> BorrowRequest {
     }
 }
 
-/// A response body of the wire model as JSON.
-fn json(body: impl Serialize) -> Value {
-    // The wire types have string keys only: this cannot fail.
-    serde_json::to_value(body).unwrap_or(Value::Null)
-}
-
 fn state_body(id: PoolId, state: PoolState) -> Value {
-    json(wire::PoolState {
+    wire::to_value(&wire::PoolState {
         id: id.0,
         count: state.count.into(),
         in_use: state.in_use,
@@ -359,7 +354,7 @@ fn state_body(id: PoolId, state: PoolState) -> Value {
 }
 
 fn grant_body(grant: &Grant) -> Value {
-    json(wire::Grant {
+    wire::to_value(&wire::Grant {
         lease: grant.lease.0,
         position: grant.position.into(),
         expires_at_unix: grant.expires_at_ms / 1000,

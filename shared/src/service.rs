@@ -737,7 +737,7 @@ impl Ctx<'_> {
             return Err(err.into());
         }
         *failures += 1;
-        self.nap(failures, self.timing.retry)
+        self.nap(*failures, self.timing.retry)
             .await
             .map_err(|()| Error::from(err))
     }
@@ -755,8 +755,7 @@ impl Ctx<'_> {
         if *lost <= IMMEDIATE {
             return Ok(false);
         }
-        let mut n = *lost - IMMEDIATE;
-        self.nap(&mut n, self.timing.conflict)
+        self.nap(*lost - IMMEDIATE, self.timing.conflict)
             .await
             .map_err(|()| Error::Contention)?;
         Ok(true)
@@ -764,8 +763,8 @@ impl Ctx<'_> {
 
     /// Sleeps the `n`th pause (from 1) of `backoff`, unless it would end
     /// past the answer-by time (then `Err`).
-    async fn nap(&mut self, n: &mut u32, backoff: Backoff) -> Result<(), ()> {
-        let nap = backoff.pause(*n - 1);
+    async fn nap(&self, n: u32, backoff: Backoff) -> Result<(), ()> {
+        let nap = backoff.pause(n - 1);
         if Instant::now() + nap + self.timing.call_timeout.min(Duration::from_millis(50))
             >= self.answer_by
         {

@@ -265,6 +265,17 @@ pub struct ErrorBody {
     pub error: String,
 }
 
+/// A body of the wire model as JSON text (what the client sends and the CLI
+/// prints). The wire types have string keys only, so this cannot fail.
+pub fn to_json(body: &impl Serialize) -> String {
+    serde_json::to_string(body).unwrap_or_default()
+}
+
+/// A body of the wire model as a JSON value (what the server answers).
+pub fn to_value(body: &impl Serialize) -> Value {
+    serde_json::to_value(body).unwrap_or(Value::Null)
+}
+
 /// The error message of a `404` for a pool that does not exist (a route the
 /// service does not know says something else).
 pub const POOL_NOT_FOUND: &str = "pool not found";

@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use semaphore_client::{Borrow, Client, Error, Pool, PoolState, RetryPolicy, Uuid};
-use semaphore_wire::{Deleted, Returned};
-use serde::Serialize;
+use semaphore_wire::{to_json, Deleted, Returned};
 
 /// Exit statuses (flock(1), timeout(1) and sysexits.h conventions).
 mod exit {
@@ -297,7 +296,7 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
                 let what = if deleted { "deleted" } else { "did not exist" };
                 println!("pool {}: {what}", pool.short_id());
             } else {
-                println!("{}", json(Deleted { deleted }));
+                println!("{}", to_json(&Deleted { deleted }));
             }
         }),
         Command::Borrow(args) => {
@@ -322,7 +321,7 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
                         grant.expires_at_unix
                     );
                 } else {
-                    println!("{}", json(grant));
+                    println!("{}", to_json(&grant));
                 }
             })
         }
@@ -337,7 +336,7 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
                     }
                 );
             } else {
-                println!("{}", json(Returned { returned }));
+                println!("{}", to_json(&Returned { returned }));
             }
         }),
         Command::Run(args) => return run::run(pool, url, args).await,
@@ -362,14 +361,8 @@ fn print_state(pool: &Pool, state: PoolState, human: bool) {
             state.available
         );
     } else {
-        println!("{}", json(state));
+        println!("{}", to_json(&state));
     }
-}
-
-/// A body of the wire model, as the service would answer it.
-fn json(body: impl Serialize) -> String {
-    // The wire types have string keys only: this cannot fail.
-    serde_json::to_string(&body).unwrap_or_default()
 }
 
 /// Says on stderr what went wrong (never with a whole pool UUID) and gives
