@@ -12,11 +12,12 @@ use semaphore_wire::{self as wire, Seconds};
 use serde_json::{Map, Value};
 use uuid::Uuid;
 
-use crate::domain::PoolState;
+use crate::clock::now_ms;
+use crate::domain::{Callback, PoolState, TicketState};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId};
 use crate::metrics::RequestLog;
-use crate::service::{BorrowRequest, Call, Grant, Service};
+use crate::service::{BorrowRequest, Call, EnqueueRequest, Grant, Service, TicketReport};
 use crate::store::StoreErrorKind;
 
 /// The routes of API.md.
@@ -27,6 +28,10 @@ pub enum Route {
     Delete,
     Borrow,
     Return,
+    /// Async mode: a ticket, its grant delivered to a callback.
+    Enqueue,
+    Ticket,
+    Cancel,
 }
 
 /// Where a route lives: on the pool, `/l/{id}`, or on one of its actions,
@@ -39,7 +44,7 @@ enum Path {
 
 /// Every route with its method, path and route key (as API Gateway names it;
 /// safe to log). The one table routing, `Allow` and the Lambda adapter read.
-const ROUTES: [(Route, &str, Path, &str); 5] = [
+const ROUTES: [(Route, &str, Path, &str); 8] = [
     (Route::Register, "PUT", Path::Pool, "PUT /l/{id}"),
     (Route::Inspect, "GET", Path::Pool, "GET /l/{id}"),
     (Route::Delete, "DELETE", Path::Pool, "DELETE /l/{id}"),
@@ -54,6 +59,24 @@ const ROUTES: [(Route, &str, Path, &str); 5] = [
         "POST",
         Path::Action("return"),
         "POST /l/{id}/return",
+    ),
+    (
+        Route::Enqueue,
+        "POST",
+        Path::Action("enqueue"),
+        "POST /l/{id}/enqueue",
+    ),
+    (
+        Route::Ticket,
+        "POST",
+        Path::Action("ticket"),
+        "POST /l/{id}/ticket",
+    ),
+    (
+        Route::Cancel,
+        "POST",
+        Path::Action("cancel"),
+        "POST /l/{id}/cancel",
     ),
 ];
 
@@ -190,13 +213,16 @@ pub fn id_from_path(route: Route, path: &str) -> Option<&str> {
 }
 
 /// A request parsed and validated: what a route was asked to do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
     Register { id: PoolId, count: u16 },
     Inspect { id: PoolId },
     Delete { id: PoolId },
     Borrow { id: PoolId, borrow: BorrowRequest },
     Return { id: PoolId, lease: LeaseId },
+    Enqueue { id: PoolId, enqueue: EnqueueRequest },
+    Ticket { id: PoolId, lease: LeaseId },
+    Cancel { id: PoolId, lease: LeaseId },
 }
 
 impl Request {
@@ -220,14 +246,37 @@ impl Request {
                 id,
                 lease: LeaseId(body::<wire::ReturnBody>(raw_body)?.lease),
             },
+            Route::Enqueue => {
+                let body = body::<wire::EnqueueBody>(raw_body)?;
+                Request::Enqueue {
+                    id,
+                    enqueue: EnqueueRequest {
+                        ttl_ms: body.ttl.as_millis(),
+                        wait_ms: body.wait.map(Seconds::as_millis),
+                        lease: LeaseId(body.lease),
+                        callback: Callback {
+                            url: body.callback.url,
+                            token: body.callback.token,
+                        },
+                    },
+                }
+            }
+            Route::Ticket => Request::Ticket {
+                id,
+                lease: LeaseId(body::<wire::ReturnBody>(raw_body)?.lease),
+            },
+            Route::Cancel => Request::Cancel {
+                id,
+                lease: LeaseId(body::<wire::ReturnBody>(raw_body)?.lease),
+            },
         })
     }
 
     /// For a borrow that may wait: the return that gives its wait up.
     pub fn give_up(&self) -> Option<Request> {
-        match *self {
+        match self {
             Request::Borrow { id, borrow } if borrow.wait_ms > 0 => Some(Request::Return {
-                id,
+                id: *id,
                 lease: borrow.lease,
             }),
             _ => None,
@@ -302,7 +351,47 @@ async fn execute(
                 returned,
             })))
         }
+        Request::Enqueue { id, enqueue } => {
+            let enqueued = service.enqueue(id, enqueue, call).await?;
+            Ok(ApiResponse {
+                status: 202,
+                body: wire::to_value(&wire::Enqueued {
+                    ticket: enqueued.ticket,
+                    ahead: enqueued.ahead,
+                }),
+                allow: None,
+            })
+        }
+        Request::Ticket { id, lease } => {
+            let report = service.ticket(id, lease, call).await?;
+            Ok(ApiResponse::ok(ticket_body(&report)))
+        }
+        Request::Cancel { id, lease } => {
+            let report = service.cancel(id, lease, call).await?;
+            Ok(ApiResponse::ok(ticket_body(&report)))
+        }
     }
+}
+
+/// A ticket's status: the grant once granted, the reason once failed.
+pub fn ticket_body(report: &TicketReport) -> Value {
+    let item = &report.item;
+    let grant = item.state.grant();
+    let now = now_ms();
+    wire::to_value(&wire::TicketStatus {
+        state: item.state.name().to_string(),
+        ticket: item.number,
+        ahead: report.ahead,
+        position: grant.map(|g| g.position.into()),
+        fence: grant.map(|g| g.fence),
+        expires_at_unix: grant.map(|g| g.expires_at_ms / 1000),
+        expires_in: grant.map(|g| Seconds::from_millis(g.expires_at_ms.saturating_sub(now))),
+        reason: match &item.state {
+            TicketState::Failed { reason } => Some(reason.clone()),
+            TicketState::Expired => Some("not granted within its wait".into()),
+            _ => None,
+        },
+    })
 }
 
 /// The log line of one request: never a whole UUID.

@@ -12,12 +12,18 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+#[cfg(feature = "dispatch")]
 use std::sync::Arc;
+#[cfg(feature = "dispatch")]
 use std::time::Duration;
 
+#[cfg(feature = "dispatch")]
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
+#[cfg(feature = "dispatch")]
 use reqwest::header::{AUTHORIZATION, CONTENT_TYPE};
-use reqwest::{redirect, Url};
+#[cfg(feature = "dispatch")]
+use reqwest::redirect;
+use url::Url;
 
 /// Longest callback URL accepted.
 pub const MAX_URL_LEN: usize = 2048;
@@ -197,11 +203,13 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
     }
 }
 
+#[cfg(feature = "dispatch")]
 /// The HTTP client's only resolver: a name resolves to its addresses only if
 /// every one is allowed, and the connection is made to those.
 #[derive(Clone, Debug)]
 pub struct CheckedResolver(pub CallbackPolicy);
 
+#[cfg(feature = "dispatch")]
 impl Resolve for CheckedResolver {
     fn resolve(&self, name: Name) -> Resolving {
         let policy = self.0;
@@ -213,6 +221,7 @@ impl Resolve for CheckedResolver {
     }
 }
 
+#[cfg(feature = "dispatch")]
 /// One delivery attempt's outcome.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Attempt {
@@ -226,6 +235,7 @@ pub enum Attempt {
     Failed(String),
 }
 
+#[cfg(feature = "dispatch")]
 /// Calls receivers back, per a [`CallbackPolicy`].
 #[derive(Clone, Debug)]
 pub struct Caller {
@@ -233,6 +243,7 @@ pub struct Caller {
     policy: CallbackPolicy,
 }
 
+#[cfg(feature = "dispatch")]
 impl Caller {
     /// A caller whose every attempt ends within `timeout` (a receiver is to
     /// answer within a few seconds; it may do its work after answering).
@@ -291,6 +302,7 @@ impl Caller {
     }
 }
 
+#[cfg(feature = "dispatch")]
 /// The resolver's refusal among an error's causes.
 fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
     let mut cause = Some(err);
@@ -303,7 +315,7 @@ fn refusal_in(err: &(dyn std::error::Error + 'static)) -> Option<Refusal> {
     None
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "dispatch"))]
 mod tests {
     use super::*;
 

@@ -13,13 +13,15 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 
 use crate::service::{Limits, Service};
-use crate::store::{DynamoDbStore, PoolStore};
+use crate::store::DynamoDbStore;
 
 /// `MAX_TTL_SECONDS`: 1 s to a year.
 pub const TTL_SECONDS: (f64, f64) = (1.0, 31_536_000.0);
 /// `MAX_WAIT_SECONDS`: 0 (never block) to 25 s. A borrow's Lambda has 29 s:
 /// 25 s of waiting, one full store call (2.5 s) and the 0.3 s margin fit.
 pub const WAIT_SECONDS: (f64, f64) = (0.0, 25.0);
+/// `MAX_ASYNC_WAIT_SECONDS`: up to a week.
+pub const ASYNC_WAIT_SECONDS: (f64, f64) = (1.0, 604_800.0);
 /// `MAX_WAITERS`: 1 to 1000 tickets per pool (23 bytes each in the item).
 pub const WAITERS: (u64, u64) = (1, 1000);
 
@@ -46,8 +48,9 @@ impl Config {
     }
 }
 
-/// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25) and
-/// `MAX_WAITERS` (default 100).
+/// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25),
+/// `MAX_WAITERS` (default 100) and `MAX_ASYNC_WAIT_SECONDS` (an async
+/// ticket's longest wait; default 86400, a day).
 pub fn limits_from_env() -> Result<Limits, String> {
     limits_from_lookup(|name| std::env::var(name).ok())
 }
@@ -83,6 +86,11 @@ pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits
         max_ttl_ms: seconds("MAX_TTL_SECONDS", TTL_SECONDS, defaults.max_ttl_ms)?,
         max_wait_ms: seconds("MAX_WAIT_SECONDS", WAIT_SECONDS, defaults.max_wait_ms)?,
         max_waiters,
+        max_async_wait_ms: seconds(
+            "MAX_ASYNC_WAIT_SECONDS",
+            ASYNC_WAIT_SECONDS,
+            defaults.max_async_wait_ms,
+        )?,
     })
 }
 
@@ -125,8 +133,8 @@ pub async fn service_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result
     let endpoint = var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty());
     let client = dynamodb_client(endpoint.as_deref()).await;
     warm_up(&client, &config.table_name).await;
-    let store: Arc<dyn PoolStore> = Arc::new(DynamoDbStore::new(client, config.table_name));
-    Ok(Service::new(store, config.limits))
+    let store = Arc::new(DynamoDbStore::new(client, config.table_name));
+    Ok(Service::new(store.clone(), config.limits).with_tickets(store))
 }
 
 /// The partition key of the one read a function makes during init; no pool

@@ -42,6 +42,15 @@ pub const MAX_HAND_OFFS: usize = 16;
 /// skew between servers and a cancel still in flight.
 pub const TICKET_GRACE_MS: u64 = 1000;
 
+/// Most backlog tickets one admission appends (the expression limit again).
+pub const MAX_ADMITS: usize = 16;
+
+/// A ticket number with no ticket item is passed by admission once a ticket
+/// numbered after it was written this long ago: longer than any request
+/// lives behind API Gateway (30 s), so the missing write has landed or never
+/// will.
+pub const GAP_MS: u64 = 60_000;
+
 /// How long the id of a lease given up before its borrow was seen is
 /// remembered: a borrow with that id arriving later is refused, so a cancel
 /// that overtakes its borrow still cancels it. Longer than any request lives
@@ -179,6 +188,30 @@ pub struct PoolState {
     pub waiting: u32,
 }
 
+/// Async mode's line numbers and the async tickets the pool item holds
+/// (see `docs/DESIGN.md`). Every borrower that waits while a backlog exists,
+/// and every async ticket, takes the next number; tickets numbered
+/// `admitted` and above wait in the backlog (items of their own) until
+/// admission appends them to the queue in number order. No backlog
+/// (`admitted == next`): sync borrowers take and join as without async mode.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Line {
+    /// The next ticket number.
+    pub next: u64,
+    /// The first number not yet admitted.
+    pub admitted: u64,
+    /// Async tickets admitted to the queue, or handed a slot and not yet
+    /// recorded as granted by the dispatcher: digest → ticket number.
+    /// Sorted by digest.
+    pub asyncs: Vec<(LeaseDigest, u64)>,
+}
+
+impl Line {
+    pub fn has_backlog(&self) -> bool {
+        self.admitted < self.next
+    }
+}
+
 /// A pool: `count` numbered slots (the list may run past `count` while
 /// leases from before a shrink live there), the queue of waiting borrowers
 /// in arrival order, recently given-up lease ids, and the fence counter.
@@ -198,6 +231,7 @@ pub struct Pool {
     tombs: Vec<Tomb>,
     /// Sorted by digest.
     ended: Vec<Ended>,
+    line: Line,
 }
 
 /// A pool's stored parts break an invariant: a bug or a corrupt item.
@@ -232,6 +266,12 @@ pub enum Expect {
     TombIs(Tomb),
     /// This ended grant is remembered exactly so.
     EndedIs(Ended),
+    /// No ticket waits in the backlog (or the item predates async mode).
+    NoBacklog,
+    /// The first number not yet admitted is this.
+    Admitted(u64),
+    /// This async ticket is listed with this number.
+    AsyncIs(LeaseDigest, u64),
 }
 
 /// One change an update makes. Indices and positions name the pool as the
@@ -274,11 +314,18 @@ pub enum Change {
         from: usize,
         len: usize,
     },
+    /// Takes the next ticket number (the write's new record tells which).
+    NumberTicket,
+    /// Sets the first number not yet admitted.
+    SetAdmitted(u64),
+    /// Lists an async ticket with its number.
+    SetAsync(LeaseDigest, u64),
+    RemoveAsync(LeaseDigest),
 }
 
 /// A conditional change: every expectation holds, or nothing changes. The
 /// changes that take a fence (one `Take`, or `HandOff`s) take the next ones
-/// in order (`nth` 0, 1, …); `Append` never with
+/// in order (`nth` 0, 1, …); `Append`s (any number, in order) never with
 /// another queue change, nor `Extend`/`Truncate` with another slot change
 /// (DynamoDB cannot write a list and one of its elements in one update).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -319,6 +366,9 @@ pub enum BorrowPlan {
     Prune(Update),
     /// As many live tickets wait as a pool allows.
     Full,
+    /// Tickets wait in the backlog: the borrower takes a number and waits
+    /// there too, to be admitted in its turn.
+    Backlog,
 }
 
 /// What a waiter learns from the pool as read.
@@ -402,6 +452,7 @@ impl Pool {
             queue: Vec::new(),
             tombs: Vec::new(),
             ended: Vec::new(),
+            line: Line::default(),
         }
     }
 
@@ -449,7 +500,34 @@ impl Pool {
             queue,
             tombs,
             ended,
+            line: Line::default(),
         })
+    }
+
+    /// The pool with its stored line, checked.
+    pub fn with_line(mut self, mut line: Line) -> Result<Self, Inconsistent> {
+        if line.admitted > line.next {
+            return Err(Inconsistent("admitted past the next ticket number"));
+        }
+        line.asyncs.sort_by_key(|(digest, _)| *digest);
+        if line.asyncs.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(Inconsistent("two async tickets of one lease id"));
+        }
+        self.line = line;
+        Ok(self)
+    }
+
+    pub fn line(&self) -> &Line {
+        &self.line
+    }
+
+    /// The number of the async ticket with this digest, if it is listed.
+    pub fn async_number(&self, digest: LeaseDigest) -> Option<u64> {
+        self.line
+            .asyncs
+            .binary_search_by_key(&digest, |(d, _)| *d)
+            .ok()
+            .map(|i| self.line.asyncs[i].1)
     }
 
     pub fn count(&self) -> u16 {
@@ -718,6 +796,11 @@ impl Pool {
             }
             None => update.expect.push(Expect::NoTomb(digest)),
         }
+        if self.line.has_backlog() {
+            return BorrowPlan::Backlog;
+        }
+        // Nobody may take or join ahead of tickets in the backlog.
+        update.expect.push(Expect::NoBacklog);
         // An expired lease of this very holder would fail `NotHeld`: free it.
         let stale = self
             .leases()
@@ -906,6 +989,130 @@ impl Pool {
             });
         }
         Some(update)
+    }
+
+    /// Takes the next ticket number: an async ticket's, or a borrower's that
+    /// waits in the backlog. No condition: numbers never collide.
+    pub fn plan_number() -> Update {
+        Update {
+            expect: Vec::new(),
+            changes: vec![Change::NumberTicket],
+        }
+    }
+
+    /// Admission: appends the backlog's next waiting tickets to the queue in
+    /// number order and moves `admitted` past them (and past tickets that
+    /// ended, and numbers no ticket will come for), in one write conditioned
+    /// on `admitted` as read. `backlog`: the ticket items numbered from
+    /// `admitted` as read, in order (of this pool's incarnation). At most
+    /// `window` async tickets wait in the queue, and at most `max_waiters`
+    /// tickets in all. `None` when nothing is to be admitted.
+    pub fn plan_admit(
+        &self,
+        backlog: &[TicketItem],
+        now_ms: u64,
+        max_waiters: usize,
+        window: usize,
+    ) -> Option<Update> {
+        let mut number = self.line.admitted;
+        let mut admitted: Vec<&TicketItem> = Vec::new();
+        let mut asyncs = self
+            .queue
+            .iter()
+            .filter(|t| self.async_number(t.holder.digest).is_some())
+            .count();
+        let room = max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS);
+        let from = self.line.admitted;
+        let mut items = backlog.iter().filter(move |t| t.number >= from).peekable();
+        while number < self.line.next {
+            match items.peek() {
+                Some(item) if item.number == number => {
+                    if item.is_waiting(now_ms) && !self.asks(item.digest(), now_ms) {
+                        let is_async = item.callback.is_some();
+                        if admitted.len() >= room || (is_async && asyncs >= window) {
+                            break;
+                        }
+                        asyncs += usize::from(is_async);
+                        admitted.push(item);
+                    }
+                    items.next();
+                    number += 1;
+                }
+                // A number taken, its ticket not (yet) written: passed only
+                // once a ticket numbered after it was written more than
+                // GAP_MS ago (so this number's write has landed or never
+                // will: no request lives that long).
+                next => {
+                    if next.is_some_and(|later| later.joined_ms.saturating_add(GAP_MS) <= now_ms) {
+                        number += 1;
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+        if number == self.line.admitted {
+            return None;
+        }
+        let mut update = Update::default();
+        update.expect.push(Expect::Admitted(self.line.admitted));
+        if !admitted.is_empty() {
+            update
+                .expect
+                .push(Expect::QueueBelow(max_waiters + 1 - admitted.len()));
+        }
+        for item in admitted {
+            update.expect.push(Expect::NotQueued(item.holder));
+            update.changes.push(Change::Append(Ticket {
+                holder: item.holder,
+                give_up_s: item.wait_until_ms.div_ceil(1000),
+            }));
+            if item.callback.is_some() {
+                update
+                    .changes
+                    .push(Change::SetAsync(item.digest(), item.number));
+            }
+        }
+        update.changes.push(Change::SetAdmitted(number));
+        Some(update)
+    }
+
+    /// The grant handed to `holder` (an async ticket's): its slot, held
+    /// or (a short grant, expired and its slot reused) remembered.
+    pub fn grant_of(&self, holder: &Holder) -> Option<Lease> {
+        if let Some(lease) = self.lease_of(holder.digest) {
+            return Some(lease);
+        }
+        self.ended_of(holder.digest).map(|e| Lease {
+            digest: holder.digest,
+            position: e.position,
+            ttl_ms: holder.ttl_ms,
+            granted_ms: e.stamp.granted_ms,
+            expires_at_ms: e.stamp.granted_ms.saturating_add(holder.ttl_ms),
+            fence: self.base_us.saturating_add(e.stamp.fence),
+        })
+    }
+
+    /// Unlists an async ticket (its grant recorded, or it left the queue),
+    /// conditioned on its listing.
+    pub fn plan_unlist(&self, digest: LeaseDigest) -> Option<Update> {
+        let number = self.async_number(digest)?;
+        Some(Update {
+            expect: vec![Expect::AsyncIs(digest, number)],
+            changes: vec![Change::RemoveAsync(digest)],
+        })
+    }
+
+    /// Hands free slots owed to the queue's first live tickets (as a sync
+    /// waiter owed one does on reading): the dispatcher's duty when async
+    /// tickets, which read nothing, head the queue.
+    pub fn plan_serve(&self, now_ms: u64) -> Option<Update> {
+        let free = self.free_positions(now_ms);
+        if free.is_empty() {
+            return None;
+        }
+        self.hand_off_owed(&free, now_ms)
+            .or_else(|| self.plan_prune(now_ms))
     }
 
     /// An update that takes out dead tickets at the front of the queue, when
@@ -1169,6 +1376,14 @@ impl Pool {
                 }
                 Change::Extend(n) => next.slots.extend(std::iter::repeat_n(Slot::Free, n)),
                 Change::Truncate { from, .. } => next.slots.truncate(from),
+                Change::NumberTicket => next.line.next = self.line.next + 1,
+                Change::SetAdmitted(admitted) => next.line.admitted = admitted,
+                Change::SetAsync(digest, number) => {
+                    next.line.asyncs.retain(|(d, _)| *d != digest);
+                    next.line.asyncs.push((digest, number));
+                    next.line.asyncs.sort_by_key(|(d, _)| *d);
+                }
+                Change::RemoveAsync(digest) => next.line.asyncs.retain(|(d, _)| *d != digest),
             }
         }
         // Indices name the queue as it was; removing one past its end is a
@@ -1217,6 +1432,9 @@ impl Pool {
             Expect::NoTomb(digest) => self.tomb_of(digest).is_none(),
             Expect::TombIs(tomb) => self.tomb_of(tomb.digest) == Some(tomb),
             Expect::EndedIs(ended) => self.ended_of(ended.digest) == Some(ended),
+            Expect::NoBacklog => !self.line.has_backlog(),
+            Expect::Admitted(admitted) => self.line.admitted == admitted,
+            Expect::AsyncIs(digest, number) => self.async_number(digest) == Some(number),
         }
     }
 }

@@ -12,6 +12,8 @@ pub enum Error {
     BadRequest(String),
     /// No pool exists for that id (never registered, or deleted).
     PoolNotFound,
+    /// The pool has no ticket of that lease id (async mode).
+    TicketNotFound,
     /// Borrow got no slot within `wait` (or no place to wait in).
     Exhausted,
     /// No such route.
@@ -31,7 +33,7 @@ impl Error {
     pub fn status(&self) -> u16 {
         match self {
             Error::BadRequest(_) => 400,
-            Error::PoolNotFound | Error::RouteNotFound => 404,
+            Error::PoolNotFound | Error::TicketNotFound | Error::RouteNotFound => 404,
             Error::MethodNotAllowed { .. } => 405,
             Error::Exhausted => 409,
             Error::Store(err) if err.kind == StoreErrorKind::Corrupt => 500,
@@ -52,6 +54,7 @@ impl fmt::Display for Error {
         f.write_str(match self {
             Error::BadRequest(reason) => reason,
             Error::PoolNotFound => "pool not found",
+            Error::TicketNotFound => "ticket not found",
             Error::Exhausted => "no resource available",
             Error::RouteNotFound => "not found",
             Error::MethodNotAllowed { .. } => "method not allowed",

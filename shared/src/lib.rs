@@ -4,10 +4,11 @@
 //! [`api`] (HTTP mapping) → [`service`] → [`domain`] and the [`store`] trait.
 
 pub mod api;
-#[cfg(feature = "dispatch")]
 pub mod callback;
 pub mod clock;
 pub mod config;
+#[cfg(feature = "dispatch")]
+pub mod dispatch;
 pub mod domain;
 pub mod error;
 pub mod keys;

@@ -11,12 +11,18 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::callback::CallbackPolicy;
 use crate::clock::{now_ms, now_us};
+use crate::domain::TICKET_GRACE_MS;
 use crate::domain::{BorrowPlan, Holder, Lease, Pool, PoolState, ReturnPlan, Update, WaitPlan};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
-use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
+use crate::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
 use semaphore_wire::{self as wire, Backoff, Jitter};
+
+mod line;
+
+pub use line::{EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW};
 
 /// Bounds applied to requests (API.md: `ttl` and `wait` are clamped, never
 /// rejected), and the most borrowers that may wait on one pool.
@@ -25,11 +31,14 @@ pub struct Limits {
     pub max_ttl_ms: u64,
     pub max_wait_ms: u64,
     pub max_waiters: usize,
+    /// Longest `wait` of an async ticket (enqueue).
+    pub max_async_wait_ms: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
         Limits {
+            max_async_wait_ms: 24 * 3_600_000,
             max_ttl_ms: 3_600_000,
             // API Gateway's HTTP API cuts every request at 30 s.
             max_wait_ms: 25_000,
@@ -209,13 +218,25 @@ impl Call {
 
 pub struct Service {
     store: Arc<dyn PoolStore>,
+    /// Async mode's ticket items (and the backlog sync borrowers wait in).
+    tickets: Option<Arc<dyn TicketStore>>,
+    /// Which callback URLs an enqueue may name.
+    callbacks: CallbackPolicy,
+    /// Told of every write that leaves a pool with async tickets or a
+    /// backlog: an in-process dispatcher's stand-in for the table's stream.
+    watch: Option<Watch>,
     limits: Limits,
     timing: Timing,
 }
 
+/// Hears which pool changed (see [`Service::with_watch`]).
+pub type Watch = Arc<dyn Fn(PoolKey) + Send + Sync>;
+
 /// A request's working state: when it must answer by, and its store calls.
 struct Ctx<'a> {
     store: &'a dyn PoolStore,
+    tickets: Option<&'a dyn TicketStore>,
+    watch: Option<&'a Watch>,
     timing: Timing,
     answer_by: Instant,
     stats: &'a mut Stats,
@@ -225,9 +246,37 @@ impl Service {
     pub fn new(store: Arc<dyn PoolStore>, limits: Limits) -> Self {
         Service {
             store,
+            tickets: None,
+            callbacks: CallbackPolicy::default(),
+            watch: None,
             limits,
             timing: Timing::default(),
         }
+    }
+
+    /// Which callbacks enqueues may name (by default, https to public
+    /// addresses only).
+    pub fn with_callback_policy(mut self, policy: CallbackPolicy) -> Self {
+        self.callbacks = policy;
+        self
+    }
+
+    pub fn callback_policy(&self) -> CallbackPolicy {
+        self.callbacks
+    }
+
+    /// Calls `watch` after each write that leaves a pool with async tickets
+    /// or a backlog, and after each enqueue (local runs: in AWS the table's
+    /// stream, filtered the same way, invokes the dispatcher).
+    pub fn with_watch(mut self, watch: Watch) -> Self {
+        self.watch = Some(watch);
+        self
+    }
+
+    /// Serves async mode, with its tickets in `tickets` (the same table).
+    pub fn with_tickets(mut self, tickets: Arc<dyn TicketStore>) -> Self {
+        self.tickets = Some(tickets);
+        self
     }
 
     pub fn with_timing(mut self, timing: Timing) -> Self {
@@ -250,6 +299,8 @@ impl Service {
         };
         Ctx {
             store: self.store.as_ref(),
+            tickets: self.tickets.as_deref(),
+            watch: self.watch.as_ref(),
             timing: self.timing,
             answer_by,
             stats: &mut call.stats,
@@ -499,6 +550,8 @@ impl Borrower {
                 BorrowPlan::Queued(holder) => return Ok(Placed::Queued(record, holder, now)),
                 // Given up before this request was seen, or no place to wait.
                 BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
+                BorrowPlan::Backlog if !may_wait => return Err(Error::Exhausted),
+                BorrowPlan::Backlog => return self.wait_in_backlog(ctx, incarnation).await,
                 BorrowPlan::Prune(update) => {
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
                 }
@@ -700,10 +753,23 @@ impl Ctx<'_> {
         let result = self
             .call(self.store.update(key, read.incarnation, update))
             .await;
-        if matches!(result, Ok(Updated::Lost(_))) {
-            self.stats.conflicts += 1;
+        match &result {
+            Ok(Updated::Lost(_)) => self.stats.conflicts += 1,
+            Ok(Updated::Written(record)) => {
+                let line = record.pool.line();
+                if line.has_backlog() || !line.asyncs.is_empty() {
+                    self.changed(key);
+                }
+            }
+            _ => {}
         }
         result
+    }
+
+    fn changed(&self, key: &PoolKey) {
+        if let Some(watch) = self.watch {
+            watch(*key);
+        }
     }
 
     /// Reads the pool, retrying failed reads while there is time.

@@ -7,6 +7,7 @@
 #[macro_use]
 extern crate semaphore_tests;
 
+mod async_mode;
 mod behaviour;
 mod calls_per_operation;
 mod checker;

@@ -28,6 +28,7 @@ const LIMITS: Limits = Limits {
     max_ttl_ms: 300,
     max_wait_ms: 500,
     max_waiters: 100,
+    max_async_wait_ms: 60_000,
 };
 
 fn seed() -> u64 {

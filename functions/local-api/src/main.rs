@@ -6,7 +6,12 @@
 //! local-api --port P --dynamodb URL --table NAME      # DynamoDB (Local) at URL
 //!           [--bind ADDR]                             # default 127.0.0.1
 //!           [--log-format text|json]                  # json: the Lambda's EMF lines
+//!           [--allow-local-callbacks]                 # async mode: http and loopback receivers
 //! ```
+//!
+//! Async mode's dispatcher runs in-process: told of each change to a pool
+//! with async tickets by the service, it admits, hands on, records and
+//! delivers grants to their callbacks.
 //!
 //! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS` and `MAX_WAITERS` as the
 //! functions do, and refuses a bad value the same way (exit status 2).
@@ -15,7 +20,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
 use http_body_util::{BodyExt, Full, Limited};
@@ -24,9 +29,11 @@ use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use semaphore::api::{self, ApiResponse};
+use semaphore::callback::{CallbackPolicy, Caller};
+use semaphore::dispatch;
 use semaphore::metrics::LogFormat;
 use semaphore::service::Call;
-use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore};
+use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore::{config, openapi, Limits, Route, Service};
 use tokio::net::TcpListener;
 
@@ -59,6 +66,11 @@ struct Args {
     /// (CloudWatch Embedded Metric Format).
     #[arg(long, value_enum, default_value_t = Format::Text)]
     log_format: Format,
+    /// Async mode: also call back `http` URLs and loopback addresses (a
+    /// receiver on this machine). Private, link-local and metadata addresses
+    /// stay refused.
+    #[arg(long)]
+    allow_local_callbacks: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -100,23 +112,38 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args, limits: Limits) -> Result<(), String> {
     let dynamodb = args.dynamodb.as_ref().zip(args.table.as_ref());
-    let (store, described): (Arc<dyn PoolStore>, String) = match dynamodb {
-        None => (
-            Arc::new(MemoryStore::new()),
-            "embedded in-memory store".into(),
-        ),
-        Some((url, table)) => {
-            let client = config::dynamodb_client(Some(url)).await;
-            dynamodb::ensure_table(&client, table)
-                .await
-                .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
-            (
-                Arc::new(DynamoDbStore::new(client, table.clone())),
-                format!("DynamoDB at {url}, table {table}"),
-            )
-        }
+    let (store, tickets, described): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, String) =
+        match dynamodb {
+            None => {
+                let store = Arc::new(MemoryStore::new());
+                (store.clone(), store, "embedded in-memory store".into())
+            }
+            Some((url, table)) => {
+                let client = config::dynamodb_client(Some(url)).await;
+                dynamodb::ensure_table(&client, table)
+                    .await
+                    .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
+                let store = Arc::new(DynamoDbStore::new(client, table.clone()));
+                (
+                    store.clone(),
+                    store,
+                    format!("DynamoDB at {url}, table {table}"),
+                )
+            }
+        };
+    let policy = CallbackPolicy {
+        allow_local: args.allow_local_callbacks,
     };
-    let service = Arc::new(Service::new(store, limits));
+    let local = dispatch::Local::new();
+    let service = Arc::new(
+        Service::new(store, limits)
+            .with_tickets(tickets)
+            .with_callback_policy(policy)
+            .with_watch(local.watch()),
+    );
+    let caller = Caller::new(policy, Duration::from_secs(5))
+        .map_err(|e| format!("cannot build the callback client: {e}"))?;
+    local.start(Arc::new(dispatch::Dispatcher::new(service.clone(), caller)));
     let wanted = SocketAddr::new(args.bind, args.port);
     let listener = TcpListener::bind(wanted)
         .await
@@ -274,6 +301,7 @@ mod tests {
                 dynamodb: None,
                 table: None,
                 log_format: Format::Text,
+                allow_local_callbacks: false,
             }
         );
         assert_eq!(
@@ -284,6 +312,7 @@ mod tests {
                 dynamodb: Some("http://x:8000".into()),
                 table: Some("t".into()),
                 log_format: Format::Text,
+                allow_local_callbacks: false,
             }
         );
         assert_eq!(
@@ -295,6 +324,11 @@ mod tests {
             IpAddr::from([0, 0, 0, 0])
         );
         assert_eq!(args("--port 1 --bind ::").unwrap().bind.to_string(), "::");
+        assert!(
+            args("--port 1 --allow-local-callbacks")
+                .unwrap()
+                .allow_local_callbacks
+        );
         for bad in [
             "--port 1 --log-format yaml",
             "",

@@ -703,6 +703,7 @@ mod props {
                             BorrowPlan::Prune(update) => in_flight.push((update, now)),
                             BorrowPlan::Held(lease) => prop_assert!(lease.is_live(now)),
                             BorrowPlan::Queued(_) | BorrowPlan::Cancelled | BorrowPlan::Full => {}
+                            BorrowPlan::Backlog => prop_assert!(false, "no backlog without tickets"),
                         }
                     }
                     Op::Read { which } => {
@@ -828,4 +829,112 @@ mod props {
             prop_assert_eq!(after.in_use(now), pool.in_use(now) - 1);
         }
     }
+}
+
+/// A backlog ticket numbered `number`, async when `callback`.
+fn backlog_item(n: u8, number: u64, joined_ms: u64, callback: bool) -> TicketItem {
+    TicketItem {
+        number,
+        holder: h(n, 1_000),
+        incarnation: 1,
+        joined_ms,
+        wait_until_ms: joined_ms + 600_000,
+        callback: callback.then(|| Callback {
+            url: "https://example.com/hook".into(),
+            token: "t".into(),
+        }),
+        state: TicketState::Waiting,
+        attempts: 0,
+    }
+}
+
+/// Takes `n` ticket numbers, as enqueues do.
+fn number(pool: &mut Pool, n: usize) {
+    for _ in 0..n {
+        *pool = pool
+            .apply(&Pool::plan_number())
+            .expect("numbers never collide");
+    }
+}
+
+#[test]
+fn a_backlog_sends_newcomers_to_it_and_is_admitted_in_number_order() {
+    let now = 1_000_000;
+    let mut pool = Pool::new(1, 0);
+    borrow(&mut pool, 1, 60_000, now);
+    number(&mut pool, 3);
+    assert!(pool.line().has_backlog());
+    // Nobody takes or joins ahead of the backlog.
+    assert_eq!(
+        pool.plan_borrow(h(9, 1_000), now + 5_000, now, WAITERS),
+        BorrowPlan::Backlog
+    );
+    // Ticket 1 ended (cancelled) before admission: stepped over.
+    let mut cancelled = backlog_item(3, 1, now, true);
+    cancelled.state = TicketState::Cancelled;
+    let backlog = [
+        backlog_item(2, 0, now, true),
+        cancelled,
+        backlog_item(4, 2, now, false),
+    ];
+    let update = pool.plan_admit(&backlog, now, WAITERS, 32).expect("admits");
+    // Planned against an old `admitted`, it fails once another admission landed.
+    let admitted = pool.apply(&update).expect("holds");
+    assert!(admitted.apply(&update).is_err(), "admits once");
+    pool = admitted;
+    let queued: Vec<LeaseDigest> = pool.queue().iter().map(|t| t.holder.digest).collect();
+    assert_eq!(queued, [d(2), d(4)]);
+    assert_eq!(pool.async_number(d(2)), Some(0));
+    assert_eq!(pool.async_number(d(4)), None, "a sync ticket is not listed");
+    assert!(!pool.line().has_backlog());
+    // A return hands the slot to the first admitted ticket, the async one.
+    assert!(give_back(&mut pool, 1, now));
+    assert_eq!(pool.grant_of(&h(2, 1_000)).map(|l| l.position), Some(0));
+    let unlist = pool.plan_unlist(d(2)).expect("listed");
+    pool = pool.apply(&unlist).expect("holds");
+    assert_eq!(pool.async_number(d(2)), None);
+}
+
+#[test]
+fn admission_waits_for_a_missing_number_until_a_later_ticket_is_old() {
+    let now = 1_000_000;
+    let mut pool = Pool::new(1, 0);
+    borrow(&mut pool, 1, 60_000, now);
+    number(&mut pool, 2);
+    // Number 0 was taken, its ticket not (yet) written; 1 is there.
+    let backlog = [backlog_item(2, 1, now, true)];
+    assert_eq!(
+        pool.plan_admit(&backlog, now + GAP_MS - 1, WAITERS, 32),
+        None,
+        "waits for 0"
+    );
+    let update = pool
+        .plan_admit(&backlog, now + GAP_MS, WAITERS, 32)
+        .expect("passes 0 once 1 is old");
+    pool = pool.apply(&update).expect("holds");
+    assert_eq!(pool.queue().len(), 1);
+    assert_eq!(pool.line().admitted, 2);
+}
+
+#[test]
+fn admission_keeps_to_the_window_and_the_queue_bound() {
+    let now = 1_000_000;
+    let mut pool = Pool::new(1, 0);
+    borrow(&mut pool, 1, 60_000, now);
+    number(&mut pool, 5);
+    let backlog: Vec<TicketItem> = (0..5u8)
+        .map(|i| backlog_item(10 + i, u64::from(i), now, true))
+        .collect();
+    let update = pool.plan_admit(&backlog, now, WAITERS, 2).expect("admits");
+    pool = pool.apply(&update).expect("holds");
+    assert_eq!(pool.queue().len(), 2, "two async tickets at once");
+    assert_eq!(pool.line().admitted, 2);
+    assert_eq!(
+        pool.plan_admit(&backlog[2..], now, WAITERS, 2),
+        None,
+        "window full"
+    );
+    let update = pool.plan_admit(&backlog[2..], now, 3, 32).expect("admits");
+    pool = pool.apply(&update).expect("holds");
+    assert_eq!(pool.queue().len(), 3, "no more than max_waiters");
 }

@@ -16,6 +16,9 @@
 //! | `w`  | L | per ticket: its give-up time in Unix seconds |
 //! | `x`  | M | lease ids given up before their borrow was seen: digest → until (s) |
 //! | `e`  | M | short grants handed to a waiter, expired and reused: digest → (fence × 10⁴ + position) × 10¹³ + grant ms |
+//! | `n`  | N | async mode: the next ticket number (absent until a first ticket) |
+//! | `a`  | N | async mode: the first ticket number not yet admitted to `q` (`a = n`: no backlog) |
+//! | `y`  | M | async mode: async tickets in `q`, or granted and not yet recorded: digest → ticket number |
 //!
 //! A hand-off is `SET s[P] = if_not_exists(q[0], :free), g[P] = f + :now,
 //! f = f + :step REMOVE q[0], w[0]`: every right-hand side reads the item as
@@ -45,8 +48,8 @@ use base64::Engine;
 
 use super::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use crate::domain::{
-    Change, Ended, Expect, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket, Tomb, Update,
-    MAX_COUNT,
+    Change, Ended, Expect, Holder, LeaseDigest, Line, Pool, Sizing, Slot, Stamp, Ticket, Tomb,
+    Update, MAX_COUNT,
 };
 use crate::keys::PoolKey;
 
@@ -67,6 +70,9 @@ const QUEUE: &str = "q";
 const GIVE_UP: &str = "w";
 const TOMBS: &str = "x";
 const ENDED: &str = "e";
+const NEXT_TICKET: &str = "n";
+const ADMITTED: &str = "a";
+const ASYNCS: &str = "y";
 
 /// Milliseconds fit in 13 decimal digits until the year 2286: a stamp is
 /// the relative fence in the digits above them.
@@ -264,6 +270,18 @@ impl PoolStore for DynamoDbStore {
         })
     }
 
+    /// One `UpdateItem`, conditioned only on the pool existing.
+    async fn number_ticket(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        let mut expr = Expression::of(0, &Pool::plan_number());
+        expr.condition = format!("attribute_exists({INCARNATION})");
+        expr.values
+            .retain(|placeholder, _| expr.update.contains(placeholder.as_str()));
+        Ok(match self.update_item(pool_key(key), expr).await? {
+            Written::Now(item) => Some(decode(&item)?),
+            Written::Lost(_) => None,
+        })
+    }
+
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
         let out = self
             .client
@@ -326,12 +344,24 @@ impl Expression {
                         e.value(ended_value(ended))
                     )
                 }
+                // Items from before async mode have no counters.
+                Expect::NoBacklog => {
+                    format!("(attribute_not_exists({NEXT_TICKET}) OR {ADMITTED} = {NEXT_TICKET})")
+                }
+                Expect::Admitted(admitted) => {
+                    format!("{ADMITTED} = {}", e.value(number(admitted)))
+                }
+                Expect::AsyncIs(digest, n) => {
+                    format!("{} = {}", e.asynced(digest), e.value(number(n)))
+                }
             });
         }
 
         let mut sets = Vec::new();
         let mut removes = BTreeSet::new();
         let mut fences: u128 = 0;
+        // Appended tickets, in order: one list_append per list.
+        let (mut appended, mut give_ups) = (Vec::new(), Vec::new());
         for change in &update.changes {
             match *change {
                 Change::Take {
@@ -373,10 +403,8 @@ impl Expression {
                     sets.push(format!("{STAMPS}[{position}] = {zero}"));
                 }
                 Change::Append(ticket) => {
-                    let q = e.value(AttributeValue::L(vec![holder_value(ticket.holder)]));
-                    let w = e.value(AttributeValue::L(vec![number(ticket.give_up_s)]));
-                    sets.push(format!("{QUEUE} = list_append({QUEUE}, {q})"));
-                    sets.push(format!("{GIVE_UP} = list_append({GIVE_UP}, {w})"));
+                    appended.push(holder_value(ticket.holder));
+                    give_ups.push(number(ticket.give_up_s));
                 }
                 Change::RemoveTicket(index) => {
                     removes.insert(format!("{QUEUE}[{index}]"));
@@ -416,7 +444,32 @@ impl Expression {
                         removes.insert(format!("{STAMPS}[{position}]"));
                     }
                 }
+                Change::NumberTicket => {
+                    let (zero, one) = (e.zero(), e.value(number(1)));
+                    let empty = e.value(AttributeValue::M(HashMap::new()));
+                    sets.push(format!(
+                        "{NEXT_TICKET} = if_not_exists({NEXT_TICKET}, {zero}) + {one}"
+                    ));
+                    sets.push(format!("{ADMITTED} = if_not_exists({ADMITTED}, {zero})"));
+                    // Admission lists async tickets in it.
+                    sets.push(format!("{ASYNCS} = if_not_exists({ASYNCS}, {empty})"));
+                }
+                Change::SetAdmitted(admitted) => {
+                    sets.push(format!("{ADMITTED} = {}", e.value(number(admitted))));
+                }
+                Change::SetAsync(digest, n) => {
+                    sets.push(format!("{} = {}", e.asynced(digest), e.value(number(n))));
+                }
+                Change::RemoveAsync(digest) => {
+                    removes.insert(e.asynced(digest));
+                }
             }
+        }
+        if !appended.is_empty() {
+            let q = e.value(AttributeValue::L(appended));
+            let w = e.value(AttributeValue::L(give_ups));
+            sets.push(format!("{QUEUE} = list_append({QUEUE}, {q})"));
+            sets.push(format!("{GIVE_UP} = list_append({GIVE_UP}, {w})"));
         }
         if fences > 0 {
             sets.push(format!(
@@ -486,6 +539,11 @@ impl ExpressionBuilder {
     /// `e.#tN` for an ended grant's key.
     fn ended(&mut self, digest: LeaseDigest) -> String {
         format!("{ENDED}.{}", self.digest(digest))
+    }
+
+    /// `y.#tN` for an async ticket's key.
+    fn asynced(&mut self, digest: LeaseDigest) -> String {
+        format!("{ASYNCS}.{}", self.digest(digest))
     }
 
     fn digest(&mut self, digest: LeaseDigest) -> String {
@@ -717,6 +775,22 @@ fn encode(key: &PoolKey, record: &Record) -> Item {
             ),
         ),
     ]);
+    let line = pool.line();
+    if *line != Line::default() {
+        item.extend([
+            (NEXT_TICKET.to_string(), number(line.next)),
+            (ADMITTED.to_string(), number(line.admitted)),
+            (
+                ASYNCS.to_string(),
+                AttributeValue::M(
+                    line.asyncs
+                        .iter()
+                        .map(|(digest, n)| (digest_key(digest), number(*n)))
+                        .collect(),
+                ),
+            ),
+        ]);
+    }
     item
 }
 
@@ -833,7 +907,24 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
         })
         .collect::<Result<Vec<Ended>, StoreError>>()?;
 
+    // Absent until the pool's first ticket number.
+    let line = Line {
+        next: item
+            .get(NEXT_TICKET)
+            .map_or(Ok(0), |v| small(Some(v), NEXT_TICKET))?,
+        admitted: item
+            .get(ADMITTED)
+            .map_or(Ok(0), |v| small(Some(v), ADMITTED))?,
+        asyncs: match item.get(ASYNCS) {
+            None => Vec::new(),
+            Some(_) => map(ASYNCS)?
+                .iter()
+                .map(|(key, n)| Ok((digest(key, "async ticket key")?, small(Some(n), ASYNCS)?)))
+                .collect::<Result<Vec<_>, StoreError>>()?,
+        },
+    };
     let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, tombs, ended)
+        .and_then(|pool| pool.with_line(line))
         .map_err(|e| corrupt(e.0))?;
     Ok(Record { incarnation, pool })
 }

@@ -165,6 +165,13 @@ impl TicketStore for MemoryStore {
             }))
     }
 
+    async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError> {
+        if let Some(pool) = self.tickets().get_mut(key) {
+            pool.remove(&digest);
+        }
+        Ok(())
+    }
+
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {
         Ok(self.tickets().remove(key).map_or(0, |pool| pool.len()))
     }

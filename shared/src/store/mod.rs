@@ -118,6 +118,26 @@ pub trait PoolStore: Send + Sync {
 
     /// Removes the pool. Returns whether one was there.
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError>;
+
+    /// Takes the pool's next ticket number (async mode): the record as the
+    /// write left it (its `line().next - 1` is the number taken), or `None`
+    /// when no pool is stored. The DynamoDB store does it in one write,
+    /// conditioned on the pool existing; this default reads first.
+    async fn number_ticket(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        loop {
+            let Some(record) = self.load(key).await? else {
+                return Ok(None);
+            };
+            match self
+                .update(key, record.incarnation, &Pool::plan_number())
+                .await?
+            {
+                Updated::Written(record) => return Ok(Some(record)),
+                Updated::Lost(_) => continue,
+                Updated::Gone => return Ok(None),
+            }
+        }
+    }
 }
 
 /// Outcome of writing a new ticket item.
@@ -201,6 +221,9 @@ pub trait TicketStore: Send + Sync {
         key: &PoolKey,
         digest: LeaseDigest,
     ) -> Result<Option<u32>, StoreError>;
+
+    /// Removes one ticket item (of a pool deleted since it was written).
+    async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError>;
 
     /// Removes every ticket item of the pool (after the pool itself was
     /// deleted and its tickets ended); how many were removed.

@@ -240,6 +240,9 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::NoTomb(_) => "lost: NoTomb",
         Expect::TombIs(_) => "lost: TombIs",
         Expect::EndedIs(_) => "lost: EndedIs",
+        Expect::NoBacklog => "lost: NoBacklog",
+        Expect::Admitted(_) => "lost: Admitted",
+        Expect::AsyncIs(..) => "lost: AsyncIs",
     }
 }
 

@@ -168,7 +168,7 @@ fn expressions_name_only_what_they_touch() {
     let e = Expression::of(7, &join);
     assert_eq!(
         e.condition,
-        "i = :v0 AND attribute_not_exists(x.#t0) AND size(q) < :v1 AND NOT contains(q, :v2) AND NOT contains(s, :v2)"
+        "i = :v0 AND attribute_not_exists(x.#t0) AND (attribute_not_exists(n) OR a = n) AND size(q) < :v1 AND NOT contains(q, :v2) AND NOT contains(s, :v2)"
     );
     assert_eq!(
         e.update,

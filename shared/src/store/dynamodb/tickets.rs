@@ -330,6 +330,20 @@ impl TicketStore for DynamoDbStore {
         }
     }
 
+    async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError> {
+        let out = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(ticket_key(key, digest)))
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await
+            .map_err(store_error)?;
+        self.record(out.consumed_capacity());
+        Ok(())
+    }
+
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {
         let mut removed = 0;
         loop {

@@ -1,0 +1,374 @@
+//! Async mode through the API, on both stores, with the dispatcher running
+//! in-process and a test receiver: grants delivered in line with sync
+//! waiters, idempotent enqueue, cancel, expiry, a failing receiver, and the
+//! callbacks the service refuses.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use semaphore::callback::{CallbackPolicy, Caller};
+use semaphore::dispatch::{Dispatcher, Local};
+use semaphore::Limits;
+use semaphore_tests::harness::{pool_id, ApiClient, Backend};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+on_both_stores!(
+    workers = 4;
+    grants_go_in_line_with_sync_waiters,
+    enqueue_is_idempotent_by_lease,
+    cancel_ends_a_waiting_ticket,
+    a_ticket_not_served_in_its_wait_expires,
+    a_refusing_receiver_fails_the_ticket_and_frees_the_slot,
+    refused_callbacks_are_400,
+);
+
+/// What the receiver got: the Authorization header and the JSON body.
+type Got = Arc<Mutex<Vec<(String, Value)>>>;
+
+/// A receiver on loopback answering every POST with `status`.
+async fn receiver(status: u16) -> (String, Got) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/hook", listener.local_addr().expect("addr"));
+    let got: Got = Arc::default();
+    let record = got.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                // Headers, then Content-Length bytes of body.
+                let (head, body) = loop {
+                    let Ok(n) = stream.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let head = text[..end].to_string();
+                        let length = head
+                            .lines()
+                            .find_map(|l| {
+                                let (name, value) = l.split_once(':')?;
+                                name.eq_ignore_ascii_case("content-length")
+                                    .then(|| value.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if buf.len() >= end + 4 + length {
+                            break (head, buf[end + 4..end + 4 + length].to_vec());
+                        }
+                    }
+                };
+                let auth = head
+                    .lines()
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("authorization")
+                            .then(|| value.trim().to_string())
+                    })
+                    .unwrap_or_default();
+                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                record.lock().expect("lock").push((auth, body));
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    (url, got)
+}
+
+/// The API over one store, with async mode and its in-process dispatcher
+/// (loopback receivers allowed, as local-api's setting does).
+async fn api(backend: Backend, allow_local: bool) -> Arc<ApiClient> {
+    let (store, tickets) = backend.stores().await;
+    let policy = CallbackPolicy { allow_local };
+    let local = Local::new();
+    let client = Arc::new(ApiClient {
+        service: semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets.clone())
+            .with_callback_policy(policy)
+            .with_watch(local.watch()),
+    });
+    // The dispatcher's own service over the same stores (in AWS, another
+    // function).
+    let service = Arc::new(
+        semaphore::Service::new(store, Limits::default())
+            .with_tickets(tickets)
+            .with_callback_policy(policy),
+    );
+    let caller = Caller::new(policy, Duration::from_secs(2)).expect("caller");
+    local.start(Arc::new(
+        Dispatcher::new(service, caller).with_bound(Duration::from_secs(3)),
+    ));
+    client
+}
+
+fn lease() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+async fn enqueue(api: &ApiClient, pool: &str, lease: &str, url: &str, wait: f64) -> (u16, Value) {
+    let body = json!({"ttl": 30, "wait": wait, "lease": lease,
+        "callback": {"url": url, "token": "t0ken"}});
+    api.call("POST", &format!("/l/{pool}/enqueue"), &body.to_string())
+        .await
+}
+
+async fn ticket(api: &ApiClient, pool: &str, lease: &str) -> Value {
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/l/{pool}/ticket"),
+            &json!({"lease": lease}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// Polls the ticket until it is in `state` (or panics after `within`).
+async fn until_state(
+    api: &ApiClient,
+    pool: &str,
+    lease: &str,
+    state: &str,
+    within: Duration,
+) -> Value {
+    let start = Instant::now();
+    loop {
+        let body = ticket(api, pool, lease).await;
+        if body["state"] == state {
+            return body;
+        }
+        assert!(
+            start.elapsed() < within,
+            "still {body} after {within:?}, want {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn borrow_as(api: &ApiClient, pool: &str, lease: &str, ttl: f64, wait: f64) -> (u16, Value) {
+    let body = json!({"ttl": ttl, "wait": wait, "lease": lease});
+    api.call("POST", &format!("/l/{pool}/borrow"), &body.to_string())
+        .await
+}
+
+async fn grants_go_in_line_with_sync_waiters(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let (a, b, c, d) = (lease(), lease(), lease(), lease());
+    let (status, held) = borrow_as(&api, &pool, &a, 30.0, 0.0).await;
+    assert_eq!(status, 200, "{held}");
+    // b (sync) waits first, then c (async), then d (sync).
+    let waiter = |lease: String| {
+        let (api, pool) = (api.clone(), pool.clone());
+        tokio::spawn(async move { borrow_as(&api, &pool, &lease, 30.0, 20.0).await })
+    };
+    let b_wait = waiter(b.clone());
+    until_waiting(&api, &pool, 1).await;
+    let (status, queued) = enqueue(&api, &pool, &c, &url, 600.0).await;
+    assert_eq!(status, 202, "{queued}");
+    assert_eq!(queued["ahead"], 1, "b waits before it: {queued}");
+    until_waiting(&api, &pool, 2).await;
+    let d_wait = waiter(d.clone());
+    until_waiting(&api, &pool, 3).await;
+
+    api.return_lease(&pool, &a).await;
+    let (status, b_grant) = b_wait.await.expect("b");
+    assert_eq!(status, 200, "{b_grant}");
+    api.return_lease(&pool, &b).await;
+    let delivered = until_state(&api, &pool, &c, "delivered", Duration::from_secs(10)).await;
+    let calls = got.lock().expect("lock").clone();
+    assert_eq!(calls.len(), 1, "delivered once: {calls:?}");
+    let (auth, body) = &calls[0];
+    assert_eq!(auth, "Bearer t0ken");
+    assert_eq!(body["ticket"], queued["ticket"]);
+    assert_eq!(body["fence"], delivered["fence"]);
+    assert_eq!(body["position"], 0);
+    assert!(
+        body["fence"].as_u64() > b_grant["fence"].as_u64(),
+        "c after b"
+    );
+    // The receiver is done: it returns the lease it chose, and d is next.
+    api.return_lease(&pool, &c).await;
+    let (status, d_grant) = d_wait.await.expect("d");
+    assert_eq!(status, 200, "{d_grant}");
+    assert!(
+        d_grant["fence"].as_u64() > body["fence"].as_u64(),
+        "d after c"
+    );
+}
+
+async fn until_waiting(api: &ApiClient, pool: &str, waiting: u64) {
+    let start = Instant::now();
+    loop {
+        let (_, state) = api.inspect(pool).await;
+        if state["waiting"] == waiting {
+            return;
+        }
+        assert!(start.elapsed() < Duration::from_secs(5), "{state}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn enqueue_is_idempotent_by_lease(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, _) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let first_lease = lease();
+    let (status, first) = enqueue(&api, &pool, &first_lease, &url, 600.0).await;
+    assert_eq!(status, 202, "{first}");
+    let (status, again) = enqueue(&api, &pool, &first_lease, &url, 600.0).await;
+    assert_eq!((status, &again["ticket"]), (202, &first["ticket"]));
+    let (_, second) = enqueue(&api, &pool, &lease(), &url, 600.0).await;
+    assert_eq!(
+        second["ticket"].as_u64(),
+        first["ticket"].as_u64().map(|n| n + 1),
+        "the repeat took no number"
+    );
+    let status = ticket(&api, &pool, &first_lease).await;
+    assert_eq!(status["state"], "waiting");
+    assert_eq!(status["ahead"], 0);
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/l/{pool}/ticket"),
+            &json!({"lease": lease()}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (404, Some("ticket not found"))
+    );
+    let (status, _) = enqueue(&api, &pool_id(), &lease(), &url, 600.0).await;
+    assert_eq!(status, 404, "unknown pool");
+}
+
+async fn cancel_ends_a_waiting_ticket(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let mine = lease();
+    enqueue(&api, &pool, &mine, &url, 600.0).await;
+    until_waiting(&api, &pool, 1).await;
+    for _ in 0..2 {
+        let (status, body) = api
+            .call(
+                "POST",
+                &format!("/l/{pool}/cancel"),
+                &json!({"lease": mine}).to_string(),
+            )
+            .await;
+        assert_eq!(
+            (status, body["state"].as_str()),
+            (200, Some("cancelled")),
+            "{body}"
+        );
+    }
+    api.return_lease(&pool, &holder).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(
+        (state["available"].as_u64(), state["waiting"].as_u64()),
+        (Some(1), Some(0)),
+        "{state}"
+    );
+    assert!(
+        got.lock().expect("lock").is_empty(),
+        "a cancelled ticket is not called"
+    );
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "cancelled");
+}
+
+async fn a_ticket_not_served_in_its_wait_expires(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let mine = lease();
+    enqueue(&api, &pool, &mine, &url, 1.0).await;
+    let body = until_state(&api, &pool, &mine, "expired", Duration::from_secs(6)).await;
+    assert!(body["reason"].is_string(), "{body}");
+    api.return_lease(&pool, &holder).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["available"], 1, "{state}");
+    assert!(got.lock().expect("lock").is_empty());
+}
+
+async fn a_refusing_receiver_fails_the_ticket_and_frees_the_slot(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(410).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, &url, 600.0).await;
+    assert_eq!(status, 202);
+    let body = until_state(&api, &pool, &mine, "failed", Duration::from_secs(10)).await;
+    assert!(
+        body["reason"].as_str().is_some_and(|r| r.contains("410")),
+        "{body}"
+    );
+    assert_eq!(got.lock().expect("lock").len(), 1, "a 4xx is not retried");
+    let start = Instant::now();
+    loop {
+        let (_, state) = api.inspect(&pool).await;
+        if state["available"] == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(3),
+            "slot still held: {state}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn refused_callbacks_are_400(backend: Backend) {
+    let api = api(backend, false).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    for url in [
+        "http://example.com/hook",
+        "https://127.0.0.1/hook",
+        "https://10.1.2.3/hook",
+        "https://169.254.169.254/latest/meta-data",
+        "https://[::1]/hook",
+        "https://[fc00::1]/hook",
+        "https://localhost/hook",
+        "https://user:pw@example.com/hook",
+        "not a url",
+    ] {
+        let (status, body) = enqueue(&api, &pool, &lease(), url, 60.0).await;
+        assert_eq!(status, 400, "{url}: {body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("callback")),
+            "{url}: {body}"
+        );
+    }
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["waiting"], 0, "nothing was queued");
+}
