@@ -9,6 +9,9 @@ pub enum Error {
     /// `404 {"error":"pool not found"}`: no pool with this id (never
     /// registered, or deleted).
     PoolNotFound,
+    /// `404 {"error":"ticket not found"}`: the pool has no ticket of that
+    /// lease UUID (async mode).
+    TicketNotFound,
     /// Any other `404`: the URL leads to no route of the service (a wrong
     /// path or stage), or to another server. The start of its answer.
     RouteNotFound(String),
@@ -33,6 +36,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::PoolNotFound => f.write_str("pool not found"),
+            Error::TicketNotFound => f.write_str("ticket not found"),
             Error::RouteNotFound(answer) => write!(
                 f,
                 "the service URL leads to no semaphore service (HTTP 404: {answer})"

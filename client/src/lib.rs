@@ -88,8 +88,8 @@ use std::time::{Duration, Instant};
 use reqwest::header::CONTENT_TYPE;
 use reqwest::{Method, Url};
 use semaphore_wire::{
-    to_json, Backoff, BorrowBody, Deleted, ErrorBody, Jitter, RegisterBody, ReturnBody, Returned,
-    Seconds, POOL_NOT_FOUND,
+    to_json, Backoff, BorrowBody, CallbackBody, Deleted, EnqueueBody, Enqueued, ErrorBody, Jitter,
+    RegisterBody, ReturnBody, Returned, Seconds, POOL_NOT_FOUND, TICKET_NOT_FOUND,
 };
 use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
@@ -97,7 +97,7 @@ use tokio::sync::Notify;
 pub use error::Error;
 pub use lease::Lease;
 /// The wire model's bodies, as the service answers them.
-pub use semaphore_wire::{short, Grant, PoolState, Uuid};
+pub use semaphore_wire::{short, Grant, PoolState, TicketStatus, Uuid};
 
 /// Longest `wait` asked of the server in one request. API Gateway ends every
 /// request at 30 s, so a deployed server never blocks longer than this anyway.
@@ -382,19 +382,21 @@ impl Answer {
             // route it does not know answers `not found`, and another server
             // (a wrong URL) anything at all.
             404 if self.error.as_deref() == Some(POOL_NOT_FOUND) => Error::PoolNotFound,
+            404 if self.error.as_deref() == Some(TICKET_NOT_FOUND) => Error::TicketNotFound,
             404 => Error::RouteNotFound(self.message()),
             500 => Error::ServerBug(self.message()),
             status => Error::Unexpected(format!("HTTP {status}: {}", self.message())),
         }
     }
 
-    /// A `200`'s body as `T`, or the error the answer stands for.
+    /// A `200`'s (an enqueue's `202`) body as `T`, or the error the answer
+    /// stands for.
     fn success<T: DeserializeOwned>(self) -> Result<T, Error> {
-        if self.status != 200 {
+        if !matches!(self.status, 200 | 202) {
             return Err(self.error());
         }
         serde_json::from_slice(&self.body)
-            .map_err(|_| Error::Unexpected(format!("HTTP 200: {}", self.start())))
+            .map_err(|_| Error::Unexpected(format!("HTTP {}: {}", self.status, self.start())))
     }
 }
 
@@ -451,6 +453,82 @@ impl Borrow {
     pub fn lease_id(mut self, lease: Uuid) -> Borrow {
         self.lease = Some(lease);
         self
+    }
+}
+
+/// An async ticket to queue (async mode): a lease of `ttl` from its grant,
+/// POSTed to `url` with `Authorization: Bearer <token>` when granted.
+///
+/// ```
+/// # use std::time::Duration;
+/// # use semaphore_client::Enqueue;
+/// let ask = Enqueue::new(Duration::from_secs(60), "https://example.com/granted", "s3cr3t")
+///     .wait(Duration::from_secs(7200));
+/// ```
+#[derive(Clone, PartialEq, Eq)]
+#[must_use = "an Enqueue does nothing until passed to Pool::enqueue"]
+pub struct Enqueue {
+    ttl: Duration,
+    wait: Option<Duration>,
+    lease: Option<Uuid>,
+    url: String,
+    token: String,
+}
+
+impl fmt::Debug for Enqueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // The URL and token may be the receiver's secrets.
+        f.debug_struct("Enqueue")
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("lease", &self.lease.as_ref().map(short))
+            .finish_non_exhaustive()
+    }
+}
+
+impl Enqueue {
+    pub fn new(ttl: Duration, url: impl Into<String>, token: impl Into<String>) -> Enqueue {
+        Enqueue {
+            ttl,
+            wait: None,
+            lease: None,
+            url: url.into(),
+            token: token.into(),
+        }
+    }
+
+    /// How long the ticket may wait for its grant (the server's maximum,
+    /// a day by default, when not set).
+    pub fn wait(mut self, wait: Duration) -> Enqueue {
+        self.wait = Some(wait);
+        self
+    }
+
+    /// The lease UUID (not the nil UUID) instead of a fresh random one: the
+    /// ticket's key, so the same UUID again is the same ticket.
+    pub fn lease_id(mut self, lease: Uuid) -> Enqueue {
+        self.lease = Some(lease);
+        self
+    }
+}
+
+/// A queued ticket: the lease UUID its grant will carry (return it with
+/// [`Pool::return_lease`] when done), its number, and how many tickets wait
+/// before it (at most).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Ticket {
+    pub lease: Uuid,
+    pub ticket: u64,
+    pub ahead: u64,
+}
+
+impl fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Ticket")
+            .field("lease", &short(&self.lease))
+            .field("ticket", &self.ticket)
+            .field("ahead", &self.ahead)
+            .finish()
     }
 }
 
@@ -529,6 +607,41 @@ impl Pool {
         let lease = to_json(&ReturnBody { lease });
         let answer: Returned = self.request(Method::POST, "/return", Some(lease)).await?;
         Ok(answer.returned)
+    }
+
+    /// `POST /l/{id}/enqueue` (async mode): a place in the pool's line; the
+    /// grant is POSTed to the callback. Retried with the same lease UUID, so
+    /// a retry never queues a second ticket.
+    pub async fn enqueue(&self, ask: Enqueue) -> Result<Ticket, Error> {
+        let lease = ask.lease.unwrap_or_else(Uuid::new_v4);
+        let body = to_json(&EnqueueBody {
+            ttl: Seconds::from_duration(ask.ttl),
+            wait: ask.wait.map(Seconds::from_duration),
+            lease,
+            callback: CallbackBody {
+                url: ask.url,
+                token: ask.token,
+            },
+        });
+        let queued: Enqueued = self.request(Method::POST, "/enqueue", Some(body)).await?;
+        Ok(Ticket {
+            lease,
+            ticket: queued.ticket,
+            ahead: queued.ahead,
+        })
+    }
+
+    /// `POST /l/{id}/ticket`: the state of the ticket of `lease`.
+    pub async fn ticket(&self, lease: Uuid) -> Result<TicketStatus, Error> {
+        let lease = to_json(&ReturnBody { lease });
+        self.request(Method::POST, "/ticket", Some(lease)).await
+    }
+
+    /// `POST /l/{id}/cancel`: ends the ticket of `lease` if it still waits
+    /// (idempotent); its state after.
+    pub async fn cancel(&self, lease: Uuid) -> Result<TicketStatus, Error> {
+        let lease = to_json(&ReturnBody { lease });
+        self.request(Method::POST, "/cancel", Some(lease)).await
     }
 
     /// Borrows a slot as `ask` says: for its ttl, waiting up to its wait for

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use semaphore_client::{Borrow, Uuid};
 use semaphore_tests::Backend;
 use serde_json::Value;
-use support::{block, in_use, new_pool, wait_until, Fault, Proxy, Server};
+use support::{block, in_use, new_pool, wait_until, Fault, Proxy, Receiver, Server};
 
 const SEMAPHORE: &str = env!("CARGO_BIN_EXE_semaphore");
 
@@ -153,6 +153,7 @@ on_both_stores!(
     a_signal_while_waiting_gives_the_place_up,
     run_is_a_lock_the_commands_never_overlap,
     run_stops_the_command_before_the_ttl_the_server_granted,
+    async_mode_subcommands,
 );
 
 fn subcommands_print_the_services_json(store: Backend) {
@@ -918,4 +919,50 @@ fn a_wrong_url_is_not_a_missing_pool() {
             assert!(!err.contains(&pool.hyphenated().to_string()), "{err}");
         }
     }
+}
+
+fn async_mode_subcommands(store: Backend) {
+    let server = Server::start_with(store, &[], &["--allow-local-callbacks"]);
+    let receiver = Receiver::start();
+    let pool = new_pool(&server.url, 1);
+    let queued = output(semaphore(&server.url, pool.id()).args([
+        "enqueue",
+        "--ttl",
+        "30",
+        "--wait",
+        "600",
+        "--callback",
+        &receiver.url,
+        "--token",
+        "t0ken",
+    ]));
+    assert_eq!(code(&queued), 0, "{}", stderr(&queued));
+    let queued = json_of(&queued);
+    let lease = queued["lease"].as_str().expect("a lease").to_string();
+    assert_eq!(queued["ahead"], 0);
+    wait_until("the grant is delivered", Duration::from_secs(10), || {
+        let status = output(semaphore(&server.url, pool.id()).args(["ticket", &lease]));
+        code(&status) == 0 && json_of(&status)["state"] == "delivered"
+    });
+    assert_eq!(receiver.got().len(), 1);
+    let cancel = output(semaphore(&server.url, pool.id()).args(["cancel", &lease]));
+    assert_eq!(
+        (code(&cancel), json_of(&cancel)["state"].as_str()),
+        (0, Some("delivered")),
+        "a delivered ticket keeps its grant"
+    );
+    let unknown = Uuid::new_v4().to_string();
+    let missing = output(semaphore(&server.url, pool.id()).args(["ticket", &unknown]));
+    assert_eq!(code(&missing), 66, "{}", stderr(&missing));
+    assert!(stderr(&missing).contains("ticket not found"));
+    let refused = output(semaphore(&server.url, pool.id()).args([
+        "enqueue",
+        "--ttl",
+        "30",
+        "--callback",
+        "https://10.0.0.1/hook",
+        "--token",
+        "t",
+    ]));
+    assert_eq!(code(&refused), 64, "a refused callback is a 400");
 }

@@ -7,9 +7,11 @@ mod support;
 
 use std::time::{Duration, Instant};
 
-use semaphore_client::{Borrow, Client, Error, Pool, Uuid};
+use semaphore_client::{Borrow, Client, Enqueue, Error, Pool, Uuid};
 use semaphore_tests::Backend;
-use support::{block, in_use, new_pool, spawn, wait_until, waiting, Fault, Proxy, Server};
+use support::{
+    block, in_use, new_pool, spawn, wait_until, waiting, Fault, Proxy, Receiver, Server,
+};
 
 on_both_stores!(
     sync;
@@ -19,6 +21,7 @@ on_both_stores!(
     a_dropped_borrow_gives_its_place_up,
     a_clamped_ttl_is_told_and_the_deadline_is_the_granted_one,
     with_lease_returns_the_lease_however_the_body_ends,
+    enqueue_ticket_and_cancel,
 );
 
 fn a_lease_is_returned_by_release_or_by_drop(store: Backend) {
@@ -281,4 +284,36 @@ fn a_wrong_url_is_not_a_missing_pool() {
         block(foreign.borrow(Borrow::ttl(Duration::from_secs(1)))),
         Err(Error::RouteNotFound(m)) if m.contains("<h1>Not Found</h1>")
     ));
+}
+
+fn enqueue_ticket_and_cancel(store: Backend) {
+    let server = Server::start_with(store, &[], &["--allow-local-callbacks"]);
+    let receiver = Receiver::start();
+    let pool = new_pool(&server.url, 1);
+    let held = block(pool.borrow(Borrow::ttl(Duration::from_secs(60)))).expect("borrow");
+    let ask = Enqueue::new(Duration::from_secs(30), receiver.url.clone(), "t0ken")
+        .wait(Duration::from_secs(600));
+    let queued = block(pool.enqueue(ask.clone())).expect("enqueue");
+    assert_eq!(queued.ahead, 0);
+    let status = block(pool.ticket(queued.lease)).expect("ticket");
+    assert_eq!((status.state.as_str(), status.ahead), ("waiting", Some(0)));
+    // Another waits behind it, and gives up.
+    let second = block(pool.enqueue(ask.lease_id(Uuid::new_v4()))).expect("enqueue");
+    assert_eq!(second.ticket, queued.ticket + 1);
+    let cancelled = block(pool.cancel(second.lease)).expect("cancel");
+    assert_eq!(cancelled.state, "cancelled");
+
+    assert!(block(held.release()).expect("release"));
+    wait_until("the grant is delivered", Duration::from_secs(10), || {
+        block(pool.ticket(queued.lease)).expect("ticket").state == "delivered"
+    });
+    let got = receiver.got();
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "Bearer t0ken");
+    assert_eq!(got[0].1["ticket"], queued.ticket);
+    assert!(block(pool.return_lease(queued.lease)).expect("return"));
+    assert_eq!(
+        block(pool.ticket(Uuid::new_v4())),
+        Err(Error::TicketNotFound)
+    );
 }

@@ -9,8 +9,8 @@
 //! by timers at each pool's next expiry; in AWS the table's stream and a
 //! wake queue do the same.
 
-use std::collections::HashMap;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use semaphore_wire::{Backoff, Delivery, Jitter, Seconds};
@@ -18,8 +18,9 @@ use tokio::sync::mpsc;
 
 use crate::callback::{Attempt, Caller};
 use crate::clock::now_ms;
-use crate::domain::{TicketGrant, TicketItem};
+use crate::domain::{LeaseDigest, TicketGrant, TicketItem};
 use crate::keys::PoolKey;
+use crate::metrics::{AsyncLog, LogFormat, PoolKeyPrefix};
 use crate::service::{Call, Service, ToDeliver};
 use crate::Error;
 
@@ -32,6 +33,17 @@ pub struct Dispatcher {
     caller: Caller,
     retry: Backoff,
     bound: Duration,
+    /// Deliveries under way here: a step that sees one again (its ticket
+    /// is listed until it ends) leaves it be.
+    in_flight: Mutex<HashSet<(PoolKey, LeaseDigest)>>,
+    log: LogFormat,
+}
+
+/// What a step leaves to do: deliveries to make now, and when to step the
+/// pool again (Unix ms), while it has async tickets.
+pub struct Stepped {
+    pub deliver: Vec<ToDeliver>,
+    pub wake_ms: Option<u64>,
 }
 
 impl Dispatcher {
@@ -45,7 +57,15 @@ impl Dispatcher {
                 jitter: Jitter::Equal,
             },
             bound: DELIVERY_BOUND,
+            in_flight: Mutex::new(HashSet::new()),
+            log: LogFormat::Text,
         }
+    }
+
+    /// How it writes its metric lines (Json: CloudWatch EMF, as in Lambda).
+    pub fn with_log(mut self, log: LogFormat) -> Self {
+        self.log = log;
+        self
     }
 
     pub fn with_bound(mut self, bound: Duration) -> Self {
@@ -53,27 +73,54 @@ impl Dispatcher {
         self
     }
 
-    /// One step on the pool, its new grants delivered concurrently (each on
-    /// a task of its own). When the pool needs a step next (Unix ms), if it
-    /// still has async tickets.
-    pub async fn step(self: &Arc<Self>, key: PoolKey) -> Result<Option<u64>, Error> {
+    fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<(PoolKey, LeaseDigest)>> {
+        self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One step on the pool: the grants to deliver (none already under way
+    /// here; each is marked under way until [`Dispatcher::deliver`] ends),
+    /// and the pool's next wake.
+    pub async fn step(&self, key: PoolKey) -> Result<Stepped, Error> {
+        let delivering: Vec<LeaseDigest> = self
+            .in_flight()
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, digest)| *digest)
+            .collect();
         let step = self
             .service
-            .dispatch_step(&key, &mut Call::new(None))
+            .dispatch_step(&key, &delivering, &mut Call::new(None))
             .await?;
-        for ToDeliver { item, grant } in step.deliver {
-            let dispatcher = Arc::clone(self);
-            tokio::spawn(async move { dispatcher.deliver(key, item, grant).await });
+        if step.active {
+            AsyncLog::Queue {
+                pool: prefix(&key),
+                depth: step.depth,
+            }
+            .emit(self.log);
         }
-        Ok(step.active.then_some(step.wake_ms).flatten().or(
+        let deliver = step
+            .deliver
+            .into_iter()
+            .filter(|d| self.in_flight().insert((key, d.item.digest())))
+            .collect();
+        let wake_ms = match (step.active, step.wake_ms) {
+            (false, _) => None,
+            (true, Some(at)) => Some(at),
             // Active without a timer: look again in a while all the same.
-            step.active.then(|| now_ms() + 1_000),
-        ))
+            (true, None) => Some(now_ms() + 1_000),
+        };
+        Ok(Stepped { deliver, wake_ms })
     }
 
     /// Delivers one grant until the receiver takes it, refuses it, or the
     /// lease or the bound ends; records the outcome.
-    pub async fn deliver(&self, key: PoolKey, item: TicketItem, grant: TicketGrant) {
+    pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) {
+        let ToDeliver { item, grant } = delivery;
+        self.deliver_once(key, &item, grant).await;
+        self.in_flight().remove(&(key, item.digest()));
+    }
+
+    async fn deliver_once(&self, key: PoolKey, item: &TicketItem, grant: TicketGrant) {
         let Some(callback) = item.callback.clone() else {
             return;
         };
@@ -84,6 +131,7 @@ impl Dispatcher {
         );
         let mut last = String::from("no attempt");
         let mut attempt = 0u32;
+        let mut made = 0u32;
         let outcome = loop {
             let now = now_ms();
             if now >= until {
@@ -99,7 +147,12 @@ impl Dispatcher {
                 expires_at_unix: grant.expires_at_ms / 1000,
                 expires_in: Seconds::from_millis(grant.expires_at_ms.saturating_sub(now).max(1)),
             };
-            let _ = self.service.count_attempt(&key, &item).await;
+            // The first attempt is implied by `granted`: only retries are
+            // counted on the ticket (one write fewer per delivery).
+            if made > 0 {
+                let _ = self.service.count_attempt(&key, item).await;
+            }
+            made += 1;
             let sent = tokio::time::timeout(
                 Duration::from_millis(until.saturating_sub(now)),
                 self.caller.call(
@@ -122,16 +175,25 @@ impl Dispatcher {
             attempt += 1;
             tokio::time::sleep(nap).await;
         };
+        AsyncLog::Delivery {
+            pool: prefix(&key),
+            delivered: outcome.is_ok(),
+            attempts: made,
+            since_enqueue: Duration::from_millis(now_ms().saturating_sub(item.joined_ms)),
+        }
+        .emit(self.log);
         let ended = self
             .service
-            .delivery_ended(&key, &item, grant, outcome, &mut Call::new(None))
+            .delivery_ended(&key, item, grant, outcome, &mut Call::new(None))
             .await;
         if let Err(err) = ended {
             tracing::warn!(error = %err, "a delivery's outcome was not recorded");
         }
-        // Its lease may have been returned: the pool's next tickets.
-        let _ = self.service.dispatch_step(&key, &mut Call::new(None)).await;
     }
+}
+
+fn prefix(key: &PoolKey) -> PoolKeyPrefix {
+    PoolKeyPrefix([key.0[0], key.0[1], key.0[2], key.0[3]])
 }
 
 /// The dispatcher in-process: a task that steps each pool it is told of
@@ -157,10 +219,7 @@ impl Local {
     /// Starts the task.
     pub fn start(self, dispatcher: Arc<Dispatcher>) {
         let Local { tell, mut told } = self;
-        // Keeps the channel open while the task runs.
-        let _keep = tell;
         tokio::spawn(async move {
-            let _keep = _keep;
             let mut wakes: HashMap<PoolKey, u64> = HashMap::new();
             loop {
                 let next = wakes.values().min().copied();
@@ -185,11 +244,19 @@ impl Local {
                 due.dedup();
                 for key in due {
                     match dispatcher.step(key).await {
-                        Ok(Some(at)) => {
-                            wakes.insert(key, at);
-                        }
-                        Ok(None) => {
-                            wakes.remove(&key);
+                        Ok(stepped) => {
+                            for delivery in stepped.deliver {
+                                let (dispatcher, tell) = (dispatcher.clone(), tell.clone());
+                                tokio::spawn(async move {
+                                    dispatcher.deliver(key, delivery).await;
+                                    // Its end may free a slot: step again.
+                                    let _ = tell.send(key);
+                                });
+                            }
+                            match stepped.wake_ms {
+                                Some(at) => wakes.insert(key, at),
+                                None => wakes.remove(&key),
+                            };
                         }
                         Err(err) => {
                             tracing::warn!(error = %err, "dispatcher step failed; retrying");

@@ -204,11 +204,20 @@ pub struct Line {
     /// recorded as granted by the dispatcher: digest → ticket number.
     /// Sorted by digest.
     pub asyncs: Vec<(LeaseDigest, u64)>,
+    /// The pool has async work (set with every ticket number, cleared by
+    /// the dispatcher once no backlog and no async ticket is left): the
+    /// table stream's filter invokes the dispatcher for these pools only.
+    pub active: bool,
 }
 
 impl Line {
     pub fn has_backlog(&self) -> bool {
         self.admitted < self.next
+    }
+
+    /// No backlog and no async ticket: nothing for the dispatcher.
+    pub fn is_settled(&self) -> bool {
+        !self.has_backlog() && self.asyncs.is_empty()
     }
 }
 
@@ -272,6 +281,8 @@ pub enum Expect {
     Admitted(u64),
     /// This async ticket is listed with this number.
     AsyncIs(LeaseDigest, u64),
+    /// No backlog and no async ticket listed.
+    Settled,
 }
 
 /// One change an update makes. Indices and positions name the pool as the
@@ -321,6 +332,8 @@ pub enum Change {
     /// Lists an async ticket with its number.
     SetAsync(LeaseDigest, u64),
     RemoveAsync(LeaseDigest),
+    /// Clears the async-work flag.
+    Settle,
 }
 
 /// A conditional change: every expectation holds, or nothing changes. The
@@ -1000,6 +1013,26 @@ impl Pool {
         }
     }
 
+    /// How many backlog tickets an admission may append now: none without a
+    /// backlog, none while more than half of `window` async tickets wait in
+    /// the queue (so that admissions come in batches: one backlog read and
+    /// one write per half window, not per ticket), else the room left in the
+    /// queue (at most [`MAX_ADMITS`]).
+    pub fn admission_room(&self, max_waiters: usize, window: usize) -> usize {
+        if !self.line.has_backlog() {
+            return 0;
+        }
+        let asyncs = self
+            .queue
+            .iter()
+            .filter(|t| self.async_number(t.holder.digest).is_some())
+            .count();
+        if asyncs > window / 2 {
+            return 0;
+        }
+        max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS)
+    }
+
     /// Admission: appends the backlog's next waiting tickets to the queue in
     /// number order and moves `admitted` past them (and past tickets that
     /// ended, and numbers no ticket will come for), in one write conditioned
@@ -1100,6 +1133,16 @@ impl Pool {
         Some(Update {
             expect: vec![Expect::AsyncIs(digest, number)],
             changes: vec![Change::RemoveAsync(digest)],
+        })
+    }
+
+    /// Clears the async-work flag of a pool left with no backlog and no async
+    /// ticket (conditioned on that), so its writes stop invoking the
+    /// dispatcher; `None` when there is nothing to clear.
+    pub fn plan_settle(&self) -> Option<Update> {
+        (self.line.active && self.line.is_settled()).then(|| Update {
+            expect: vec![Expect::Settled],
+            changes: vec![Change::Settle],
         })
     }
 
@@ -1376,7 +1419,11 @@ impl Pool {
                 }
                 Change::Extend(n) => next.slots.extend(std::iter::repeat_n(Slot::Free, n)),
                 Change::Truncate { from, .. } => next.slots.truncate(from),
-                Change::NumberTicket => next.line.next = self.line.next + 1,
+                Change::NumberTicket => {
+                    next.line.next = self.line.next + 1;
+                    next.line.active = true;
+                }
+                Change::Settle => next.line.active = false,
                 Change::SetAdmitted(admitted) => next.line.admitted = admitted,
                 Change::SetAsync(digest, number) => {
                     next.line.asyncs.retain(|(d, _)| *d != digest);
@@ -1435,6 +1482,7 @@ impl Pool {
             Expect::NoBacklog => !self.line.has_backlog(),
             Expect::Admitted(admitted) => self.line.admitted == admitted,
             Expect::AsyncIs(digest, number) => self.async_number(digest) == Some(number),
+            Expect::Settled => self.line.is_settled(),
         }
     }
 }

@@ -54,7 +54,7 @@ impl fmt::Display for Error {
         f.write_str(match self {
             Error::BadRequest(reason) => reason,
             Error::PoolNotFound => "pool not found",
-            Error::TicketNotFound => "ticket not found",
+            Error::TicketNotFound => semaphore_wire::TICKET_NOT_FOUND,
             Error::Exhausted => "no resource available",
             Error::RouteNotFound => "not found",
             Error::MethodNotAllowed { .. } => "method not allowed",

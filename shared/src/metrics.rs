@@ -126,6 +126,119 @@ impl RequestLog<'_> {
     }
 }
 
+/// Async mode's metrics, one line per event of the dispatcher (route
+/// `dispatcher`): a delivery's end, or a pool's queue after a step.
+pub const ASYNC_METRICS: [(&str, &str); 5] = [
+    ("Delivered", "Count"),
+    ("DeliveryFailed", "Count"),
+    ("DeliveryAttempts", "Count"),
+    ("EnqueueToDelivery", "Milliseconds"),
+    ("QueueDepth", "Count"),
+];
+
+/// What the dispatcher saw: a delivery that ended, or a pool's queue depth
+/// (backlog and queue) after a step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AsyncLog {
+    Delivery {
+        pool: PoolKeyPrefix,
+        delivered: bool,
+        attempts: u32,
+        /// From the enqueue to the delivery's end.
+        since_enqueue: Duration,
+    },
+    Queue {
+        pool: PoolKeyPrefix,
+        depth: u64,
+    },
+}
+
+/// A pool key's first 4 bytes in hex (the key is a digest of the pool id,
+/// not the id: still only a prefix, to correlate lines).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PoolKeyPrefix(pub [u8; 4]);
+
+impl std::fmt::Display for PoolKeyPrefix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+impl AsyncLog {
+    /// The line as an EMF JSON object: only the metrics this event has.
+    pub fn to_json(&self, namespace: &str, timestamp_ms: u64) -> Value {
+        let (pool, values): (PoolKeyPrefix, Vec<(&str, Value)>) = match self {
+            AsyncLog::Delivery {
+                pool,
+                delivered,
+                attempts,
+                since_enqueue,
+            } => (
+                *pool,
+                vec![
+                    ("Delivered", json!(u32::from(*delivered))),
+                    ("DeliveryFailed", json!(u32::from(!*delivered))),
+                    ("DeliveryAttempts", json!(attempts)),
+                    ("EnqueueToDelivery", json!(millis(*since_enqueue))),
+                ],
+            ),
+            AsyncLog::Queue { pool, depth } => (*pool, vec![("QueueDepth", json!(depth))]),
+        };
+        let metrics: Vec<Value> = values
+            .iter()
+            .map(|(name, _)| {
+                let unit = ASYNC_METRICS
+                    .iter()
+                    .find(|(n, _)| n == name)
+                    .map_or("Count", |(_, unit)| unit);
+                json!({ "Name": name, "Unit": unit })
+            })
+            .collect();
+        let mut line = Map::new();
+        line.insert(
+            "_aws".into(),
+            json!({
+                "Timestamp": timestamp_ms,
+                "CloudWatchMetrics": [{
+                    "Namespace": namespace,
+                    "Dimensions": [["Route"]],
+                    "Metrics": metrics,
+                }],
+            }),
+        );
+        line.insert("Route".into(), json!("dispatcher"));
+        for (name, value) in values {
+            line.insert(name.into(), value);
+        }
+        line.insert("message".into(), json!("dispatch"));
+        line.insert("pool".into(), json!(pool.to_string()));
+        Value::Object(line)
+    }
+
+    pub fn emit(&self, format: LogFormat) {
+        match format {
+            LogFormat::Json => println!("{}", self.to_json(namespace(), now_ms())),
+            LogFormat::Text => match self {
+                AsyncLog::Delivery {
+                    pool,
+                    delivered,
+                    attempts,
+                    since_enqueue,
+                } => tracing::info!(
+                    pool = %pool,
+                    delivered,
+                    attempts,
+                    since_enqueue_ms = millis(*since_enqueue),
+                    "delivery"
+                ),
+                AsyncLog::Queue { pool, depth } => {
+                    tracing::debug!(pool = %pool, depth, "queue")
+                }
+            },
+        }
+    }
+}
+
 /// Milliseconds with a tenth of precision: enough for latency percentiles.
 fn millis(d: Duration) -> f64 {
     (d.as_secs_f64() * 10_000.0).round() / 10.0
@@ -193,6 +306,29 @@ mod tests {
         assert_eq!(line["WaitTime"], 250.0);
         assert_eq!(line["StoreCalls"], 3);
         assert_eq!(line["Conflicts"], 2);
+    }
+
+    #[test]
+    fn async_lines_are_emf() {
+        let pool = PoolKeyPrefix([0xab, 0, 1, 2]);
+        let delivery = AsyncLog::Delivery {
+            pool,
+            delivered: false,
+            attempts: 3,
+            since_enqueue: Duration::from_millis(1500),
+        }
+        .to_json("HttpSemaphore", 1);
+        assert_valid_emf(&delivery);
+        assert_eq!(
+            (&delivery["DeliveryFailed"], &delivery["Delivered"]),
+            (&json!(1), &json!(0))
+        );
+        assert_eq!(delivery["EnqueueToDelivery"], 1500.0);
+        assert_eq!(delivery["pool"], "ab000102");
+        let queue = AsyncLog::Queue { pool, depth: 7 }.to_json("HttpSemaphore", 1);
+        assert_valid_emf(&queue);
+        assert_eq!(queue["QueueDepth"], 7);
+        assert!(queue.get("Delivered").is_none());
     }
 
     #[test]

@@ -265,8 +265,8 @@ impl Service {
         self.callbacks
     }
 
-    /// Calls `watch` after each write that leaves a pool with async tickets
-    /// or a backlog, and after each enqueue (local runs: in AWS the table's
+    /// Calls `watch` after each write that leaves a pool with async work
+    /// (its `active` flag), and after each enqueue (local runs: in AWS the table's
     /// stream, filtered the same way, invokes the dispatcher).
     pub fn with_watch(mut self, watch: Watch) -> Self {
         self.watch = Some(watch);
@@ -755,12 +755,8 @@ impl Ctx<'_> {
             .await;
         match &result {
             Ok(Updated::Lost(_)) => self.stats.conflicts += 1,
-            Ok(Updated::Written(record)) => {
-                let line = record.pool.line();
-                if line.has_backlog() || !line.asyncs.is_empty() {
-                    self.changed(key);
-                }
-            }
+            // As the stream's filter passes writes to the dispatcher.
+            Ok(Updated::Written(record)) if record.pool.line().active => self.changed(key),
             _ => {}
         }
         result

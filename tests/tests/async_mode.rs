@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use semaphore::callback::{CallbackPolicy, Caller};
 use semaphore::dispatch::{Dispatcher, Local};
+use semaphore::keys::PoolId;
+use semaphore::service::Call;
+use semaphore::store::PoolStore;
 use semaphore::Limits;
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use serde_json::{json, Value};
@@ -22,6 +25,9 @@ on_both_stores!(
     a_ticket_not_served_in_its_wait_expires,
     a_refusing_receiver_fails_the_ticket_and_frees_the_slot,
     refused_callbacks_are_400,
+    deleting_the_pool_ends_its_tickets,
+    a_grant_cut_short_is_delivered_at_the_next_step,
+    a_pool_settles_when_its_async_work_is_done,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -90,6 +96,14 @@ async fn receiver(status: u16) -> (String, Got) {
 /// The API over one store, with async mode and its in-process dispatcher
 /// (loopback receivers allowed, as local-api's setting does).
 async fn api(backend: Backend, allow_local: bool) -> Arc<ApiClient> {
+    api_and_store(backend, allow_local).await.0
+}
+
+/// [`api`], and its pool store (to see what the API does not show).
+async fn api_and_store(
+    backend: Backend,
+    allow_local: bool,
+) -> (Arc<ApiClient>, Arc<dyn PoolStore>) {
     let (store, tickets) = backend.stores().await;
     let policy = CallbackPolicy { allow_local };
     let local = Local::new();
@@ -102,7 +116,7 @@ async fn api(backend: Backend, allow_local: bool) -> Arc<ApiClient> {
     // The dispatcher's own service over the same stores (in AWS, another
     // function).
     let service = Arc::new(
-        semaphore::Service::new(store, Limits::default())
+        semaphore::Service::new(store.clone(), Limits::default())
             .with_tickets(tickets)
             .with_callback_policy(policy),
     );
@@ -110,7 +124,7 @@ async fn api(backend: Backend, allow_local: bool) -> Arc<ApiClient> {
     local.start(Arc::new(
         Dispatcher::new(service, caller).with_bound(Duration::from_secs(3)),
     ));
-    client
+    (client, store)
 }
 
 fn lease() -> String {
@@ -371,4 +385,104 @@ async fn refused_callbacks_are_400(backend: Backend) {
     }
     let (_, state) = api.inspect(&pool).await;
     assert_eq!(state["waiting"], 0, "nothing was queued");
+}
+
+async fn deleting_the_pool_ends_its_tickets(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    borrow_as(&api, &pool, &lease(), 30.0, 0.0).await;
+    let (admitted, backlog) = (lease(), lease());
+    enqueue(&api, &pool, &admitted, &url, 600.0).await;
+    enqueue(&api, &pool, &backlog, &url, 600.0).await;
+    api.delete(&pool).await;
+    for mine in [&admitted, &backlog] {
+        let body = ticket(&api, &pool, mine).await;
+        assert_eq!(body["state"], "failed", "{body}");
+        assert_eq!(body["reason"], "its pool was deleted", "{body}");
+    }
+    // Registered again: the old tickets are still the old pool's.
+    api.register(&pool, 1).await;
+    assert_eq!(ticket(&api, &pool, &admitted).await["state"], "failed");
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/l/{pool}/cancel"),
+            &json!({"lease": backlog}).to_string(),
+        )
+        .await;
+    assert_eq!(
+        (status, body["state"].as_str()),
+        (200, Some("failed")),
+        "{body}"
+    );
+    // The lease may be used again in the new pool.
+    let (status, again) = enqueue(&api, &pool, &admitted, &url, 600.0).await;
+    assert_eq!(status, 202, "{again}");
+    until_state(&api, &pool, &admitted, "delivered", Duration::from_secs(5)).await;
+    assert_eq!(
+        got.lock().expect("lock").len(),
+        1,
+        "only the new pool's ticket was called"
+    );
+}
+
+/// The dispatcher's step alone (no delivery made): a granted ticket stays
+/// listed and every later step hands it out again, until it ends.
+async fn a_grant_cut_short_is_delivered_at_the_next_step(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let service = semaphore::Service::new(store, Limits::default())
+        .with_tickets(tickets)
+        .with_callback_policy(CallbackPolicy { allow_local: true });
+    let api = ApiClient { service };
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, "http://127.0.0.1:9/hook", 600.0).await;
+    assert_eq!(status, 202);
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let first = api
+        .service
+        .dispatch_step(&key, &[], &mut Call::new(None))
+        .await
+        .expect("step");
+    assert_eq!(first.deliver.len(), 1, "granted: {first:?}");
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "granted");
+    // The dispatcher stopped before delivering: the next step has it again.
+    let again = api
+        .service
+        .dispatch_step(&key, &[], &mut Call::new(None))
+        .await
+        .expect("step");
+    assert_eq!(again.deliver, first.deliver);
+    assert!(again.wake_ms.is_some(), "a wake while it is undelivered");
+}
+
+async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {
+    let (api, store) = api_and_store(backend, true).await;
+    let (url, _) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let mine = lease();
+    enqueue(&api, &pool, &mine, &url, 600.0).await;
+    until_state(&api, &pool, &mine, "delivered", Duration::from_secs(5)).await;
+    api.return_lease(&pool, &mine).await;
+    // Its writes stop invoking the dispatcher (the stream's filter) once the
+    // dispatcher has nothing left to do.
+    let start = Instant::now();
+    loop {
+        let record = store.load(&key).await.expect("load").expect("pool");
+        if !record.pool.line().active {
+            assert!(record.pool.line().is_settled());
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            record.pool.line()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

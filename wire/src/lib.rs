@@ -279,6 +279,8 @@ pub fn to_value(body: &impl Serialize) -> Value {
 /// The error message of a `404` for a pool that does not exist (a route the
 /// service does not know says something else).
 pub const POOL_NOT_FOUND: &str = "pool not found";
+/// The error of a `ticket` or `cancel` of a lease id with no ticket (async mode).
+pub const TICKET_NOT_FOUND: &str = "ticket not found";
 
 /// A UUID as logs and status lines show it: the first 8 hex digits, enough
 /// to tell ids apart and useless to borrow with (the whole id is a

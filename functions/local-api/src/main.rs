@@ -143,7 +143,9 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
     );
     let caller = Caller::new(policy, Duration::from_secs(5))
         .map_err(|e| format!("cannot build the callback client: {e}"))?;
-    local.start(Arc::new(dispatch::Dispatcher::new(service.clone(), caller)));
+    local.start(Arc::new(
+        dispatch::Dispatcher::new(service.clone(), caller).with_log(args.log_format.into()),
+    ));
     let wanted = SocketAddr::new(args.bind, args.port);
     let listener = TcpListener::bind(wanted)
         .await

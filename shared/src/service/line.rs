@@ -3,12 +3,14 @@
 //! itself, which is `crate::dispatch`'s). See `docs/DESIGN.md`.
 
 use super::*;
-use crate::domain::{Callback, TicketGrant, TicketItem, TicketState, MAX_ADMITS};
+use crate::domain::{Callback, LeaseDigest, TicketGrant, TicketItem, TicketState, MAX_ADMITS};
 use crate::store::{PutTicket, TicketStore, TicketUpdated};
 
 /// The most async tickets admitted to a pool's queue at once: what async
-/// tickets add to the pool item stays within this many × 19 bytes.
-pub const ASYNC_WINDOW: usize = 32;
+/// tickets add to the pool item (a queue entry and a `y` listing, about 35
+/// bytes each) stays near half a kilobyte, so that a pool of count 10 with a
+/// full window is still one write unit. Admission refills it by halves.
+pub const ASYNC_WINDOW: usize = 16;
 
 /// An enqueue after validation (clamping is the service's).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,8 +53,10 @@ pub struct Step {
     /// When the pool next needs a step without any write to it: a lease
     /// expiry while async tickets wait, or a ticket's wait ending (Unix ms).
     pub wake_ms: Option<u64>,
-    /// Whether the pool still has async tickets or a backlog.
+    /// Whether the pool still has async work (its flag).
     pub active: bool,
+    /// Tickets in line: the backlog's numbers and the queue's live tickets.
+    pub depth: u64,
 }
 
 /// The void item that fills a ticket number whose request found its lease
@@ -201,14 +205,9 @@ impl Service {
         let tickets = self.ticket_store()?;
         let key = id.key();
         let mut ctx = self.ctx(call, Duration::ZERO);
-        let record = ctx.load_existing(&key).await?;
-        let item = ctx
-            .call(tickets.ticket(&key, lease.digest()))
-            .await?
-            .filter(|item| item.incarnation == record.incarnation)
-            .ok_or(Error::TicketNotFound)?;
-        let ahead = ahead_of(&record.pool, &item, now_ms());
-        Ok(TicketReport { item, ahead })
+        let record = ctx.load(&key).await?;
+        let item = ctx.call(tickets.ticket(&key, lease.digest())).await?;
+        report(record.as_ref(), item)
     }
 
     /// `POST …/cancel`: a waiting ticket ends `cancelled` and leaves the
@@ -224,12 +223,16 @@ impl Service {
         let key = id.key();
         let digest = lease.digest();
         let mut ctx = self.ctx(call, Duration::ZERO);
-        let mut record = ctx.load_existing(&key).await?;
-        let mut item = ctx
-            .call(tickets.ticket(&key, digest))
-            .await?
-            .filter(|item| item.incarnation == record.incarnation)
-            .ok_or(Error::TicketNotFound)?;
+        let found = ctx.call(tickets.ticket(&key, digest)).await?;
+        let Some(mut record) = ctx.load(&key).await?.filter(|r| {
+            found
+                .as_ref()
+                .is_none_or(|t| t.incarnation == r.incarnation)
+        }) else {
+            // Its pool was deleted: nothing to cancel.
+            return report(None, found);
+        };
+        let mut item = found.ok_or(Error::TicketNotFound)?;
         if item.state == TicketState::Waiting {
             item = match ctx
                 .call(tickets.set_ticket_state(
@@ -265,7 +268,15 @@ impl Service {
     /// admits backlog tickets, hands free slots owed to async tickets at the
     /// head, records their grants, ends tickets that left the queue
     /// ungranted, and says when to look again. Delivery is the caller's.
-    pub async fn dispatch_step(&self, key: &PoolKey, call: &mut Call) -> Result<Step, Error> {
+    ///
+    /// `delivering`: the tickets whose delivery the caller is making; they
+    /// are left be (their delivery's end records them).
+    pub async fn dispatch_step(
+        &self,
+        key: &PoolKey,
+        delivering: &[LeaseDigest],
+        call: &mut Call,
+    ) -> Result<Step, Error> {
         let tickets = self.ticket_store()?;
         let mut ctx = self.ctx(call, Duration::ZERO);
         let Some(mut record) = ctx.load(key).await? else {
@@ -294,6 +305,18 @@ impl Service {
             // Listed async tickets: granted, or out of the queue ungranted.
             let mut changed = false;
             for (digest, _) in record.pool.line().asyncs.clone() {
+                if delivering.contains(&digest) {
+                    continue;
+                }
+                // A ticket waiting in the queue, its wait not over and no
+                // slot handed to it, needs no read: nothing to do for it.
+                let waits = record
+                    .pool
+                    .ticket_of(digest)
+                    .is_some_and(|(_, t)| t.is_live(now));
+                if waits && record.pool.lease_of(digest).is_none() {
+                    continue;
+                }
                 let Some(item) = ctx.call(tickets.ticket(key, digest)).await? else {
                     // No item (a bug, or deleted): unlist it.
                     if let Some(update) = record.pool.plan_unlist(digest) {
@@ -307,8 +330,20 @@ impl Service {
                     .pool
                     .grant_of(&item.holder)
                     .filter(|l| l.granted_ms.saturating_add(TICKET_GRACE_MS) >= item.joined_ms);
-                let ended = match (grant, queued) {
-                    (Some(lease), _) => {
+                let ended = match (&item.state, grant, queued) {
+                    // Ended: no longer the pool's business.
+                    (state, ..) if state.is_final() => true,
+                    // Granted, not yet delivered (delivery under way, or cut
+                    // short by a crash): listed until it ends, so that a
+                    // later step delivers it again.
+                    (TicketState::Granted(grant), ..) => {
+                        step.deliver.push(ToDeliver {
+                            grant: *grant,
+                            item,
+                        });
+                        false
+                    }
+                    (_, Some(lease), _) => {
                         let grant = TicketGrant {
                             position: lease.position,
                             fence: lease.fence,
@@ -319,24 +354,25 @@ impl Service {
                             .move_ticket(&mut ctx, key, item, TicketState::Granted(grant))
                             .await?;
                         if moved {
-                            step.deliver.push(ToDeliver {
-                                item: item.clone(),
-                                grant,
-                            });
-                        } else if item.state.grant() != Some(grant) && lease.is_live(now) {
+                            step.deliver.push(ToDeliver { item, grant });
+                            false
+                        } else {
                             // Cancelled or expired before its grant was
                             // recorded: nobody will use the slot.
-                            if let ReturnPlan::Return(_, update) =
-                                record.pool.plan_return(digest, now)
-                            {
-                                record = write(&mut ctx, key, &record, &update, &mut lost).await?;
+                            if lease.is_live(now) {
+                                if let ReturnPlan::Return(_, update) =
+                                    record.pool.plan_return(digest, now)
+                                {
+                                    record =
+                                        write(&mut ctx, key, &record, &update, &mut lost).await?;
+                                }
                             }
+                            item.state.is_final()
                         }
-                        true
                     }
                     // Waits in the queue: ends when its wait does.
-                    (None, Some((_, ticket))) if ticket.is_live(now) => false,
-                    (None, Some((index, _))) => {
+                    (_, None, Some((_, ticket))) if ticket.is_live(now) => false,
+                    (_, None, Some((index, _))) => {
                         self.move_ticket(&mut ctx, key, item, TicketState::Expired)
                             .await?;
                         let update = record.pool.plan_cancel(&record.pool.queue()[index].holder);
@@ -347,7 +383,7 @@ impl Service {
                     }
                     // Left the queue ungranted: pruned as dead, or its lease
                     // id returned (a cancel by return).
-                    (None, None) => {
+                    (_, None, None) => {
                         let end = if now >= item.wait_until_ms {
                             TicketState::Expired
                         } else {
@@ -369,9 +405,21 @@ impl Service {
             }
             break;
         }
+        if let Some(update) = record.pool.plan_settle() {
+            // Its writes stop invoking the dispatcher (a lost settle: work
+            // arrived meanwhile, and its write invoked a step).
+            if let Ok(Updated::Written(settled)) = ctx.write(key, &record, &update).await {
+                record = settled;
+            }
+        }
+        // Rounds see the same granted tickets again.
+        step.deliver.sort_by_key(|d| d.item.digest());
+        step.deliver.dedup_by_key(|d| d.item.digest());
         let now = now_ms();
         let pool = &record.pool;
-        step.active = pool.line().has_backlog() || !pool.line().asyncs.is_empty();
+        step.active = pool.line().active;
+        step.depth =
+            pool.line().next.saturating_sub(pool.line().admitted) + pool.waiting(now) as u64;
         let waiting_asyncs: Vec<u64> = pool
             .queue()
             .iter()
@@ -382,6 +430,12 @@ impl Service {
             // A lease expiring frees a slot with no write to see.
             let expiry = pool.nth_expiry(1, now);
             step.wake_ms = waiting_asyncs.into_iter().chain(expiry).min();
+        }
+        if !step.deliver.is_empty() {
+            // Deliveries under way end within the bound; a step then unlists
+            // them (or delivers again what a crash cut short).
+            let soon = now + 30_000;
+            step.wake_ms = Some(step.wake_ms.map_or(soon, |w| w.min(soon)));
         }
         if pool.line().has_backlog() {
             // Backlog tickets whose wait ends, and gaps passed after GAP_MS.
@@ -495,12 +549,14 @@ pub(super) async fn admit(
     let Some(tickets) = ctx.tickets else {
         return Ok(None);
     };
-    let line = record.pool.line();
-    if !line.has_backlog() {
+    let room = record.pool.admission_room(max_waiters, ASYNC_WINDOW);
+    if room == 0 {
         return Ok(None);
     }
+    // Room for those admitted, and as many again for tickets that ended
+    // (stepped over) and numbers without a ticket.
     let backlog: Vec<TicketItem> = ctx
-        .call(tickets.backlog(key, line.admitted, 4 * MAX_ADMITS))
+        .call(tickets.backlog(key, record.pool.line().admitted, room + MAX_ADMITS))
         .await?
         .into_iter()
         .filter(|t| t.incarnation == record.incarnation)
@@ -513,6 +569,30 @@ pub(super) async fn admit(
     };
     let mut lost = 0u32;
     write(ctx, key, record, &update, &mut lost).await.map(Some)
+}
+
+/// The report of `item` in the pool as read: a ticket of a pool deleted
+/// since (none stored, or another incarnation) ended with it.
+fn report(record: Option<&Record>, item: Option<TicketItem>) -> Result<TicketReport, Error> {
+    let mut item = match (record, item) {
+        (None, None) => return Err(Error::PoolNotFound),
+        (Some(_), None) => return Err(Error::TicketNotFound),
+        (_, Some(item)) => item,
+    };
+    match record.filter(|r| r.incarnation == item.incarnation) {
+        Some(record) => {
+            let ahead = ahead_of(&record.pool, &item, now_ms());
+            Ok(TicketReport { item, ahead })
+        }
+        None => {
+            if !item.state.is_final() {
+                item.state = TicketState::Failed {
+                    reason: "its pool was deleted".into(),
+                };
+            }
+            Ok(TicketReport { item, ahead: None })
+        }
+    }
 }
 
 /// Tickets before `item` while it waits: live ones ahead in the queue once

@@ -18,7 +18,8 @@
 //! | `e`  | M | short grants handed to a waiter, expired and reused: digest → (fence × 10⁴ + position) × 10¹³ + grant ms |
 //! | `n`  | N | async mode: the next ticket number (absent until a first ticket) |
 //! | `a`  | N | async mode: the first ticket number not yet admitted to `q` (`a = n`: no backlog) |
-//! | `y`  | M | async mode: async tickets in `q`, or granted and not yet recorded: digest → ticket number |
+//! | `y`  | M | async mode: async tickets in `q`, or granted and not yet delivered: digest → ticket number |
+//! | `z`  | N | async mode: `1` while the pool has async work (the stream's filter); removed once settled |
 //!
 //! A hand-off is `SET s[P] = if_not_exists(q[0], :free), g[P] = f + :now,
 //! f = f + :step REMOVE q[0], w[0]`: every right-hand side reads the item as
@@ -73,6 +74,7 @@ const ENDED: &str = "e";
 const NEXT_TICKET: &str = "n";
 const ADMITTED: &str = "a";
 const ASYNCS: &str = "y";
+const ACTIVE: &str = "z";
 
 /// Milliseconds fit in 13 decimal digits until the year 2286: a stamp is
 /// the relative fence in the digits above them.
@@ -354,6 +356,10 @@ impl Expression {
                 Expect::AsyncIs(digest, n) => {
                     format!("{} = {}", e.asynced(digest), e.value(number(n)))
                 }
+                Expect::Settled => format!(
+                    "{ADMITTED} = {NEXT_TICKET} AND size({ASYNCS}) = {}",
+                    e.zero()
+                ),
             });
         }
 
@@ -453,6 +459,7 @@ impl Expression {
                     sets.push(format!("{ADMITTED} = if_not_exists({ADMITTED}, {zero})"));
                     // Admission lists async tickets in it.
                     sets.push(format!("{ASYNCS} = if_not_exists({ASYNCS}, {empty})"));
+                    sets.push(format!("{ACTIVE} = {one}"));
                 }
                 Change::SetAdmitted(admitted) => {
                     sets.push(format!("{ADMITTED} = {}", e.value(number(admitted))));
@@ -462,6 +469,9 @@ impl Expression {
                 }
                 Change::RemoveAsync(digest) => {
                     removes.insert(e.asynced(digest));
+                }
+                Change::Settle => {
+                    removes.insert(ACTIVE.to_string());
                 }
             }
         }
@@ -777,6 +787,9 @@ fn encode(key: &PoolKey, record: &Record) -> Item {
     ]);
     let line = pool.line();
     if *line != Line::default() {
+        if line.active {
+            item.insert(ACTIVE.to_string(), number(1));
+        }
         item.extend([
             (NEXT_TICKET.to_string(), number(line.next)),
             (ADMITTED.to_string(), number(line.admitted)),
@@ -922,6 +935,7 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
                 .map(|(key, n)| Ok((digest(key, "async ticket key")?, small(Some(n), ASYNCS)?)))
                 .collect::<Result<Vec<_>, StoreError>>()?,
         },
+        active: item.contains_key(ACTIVE),
     };
     let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, tombs, ended)
         .and_then(|pool| pool.with_line(line))

@@ -243,6 +243,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::NoBacklog => "lost: NoBacklog",
         Expect::Admitted(_) => "lost: Admitted",
         Expect::AsyncIs(..) => "lost: AsyncIs",
+        Expect::Settled => "lost: Settled",
     }
 }
 

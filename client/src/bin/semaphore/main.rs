@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use semaphore_client::{Borrow, Client, Error, Pool, PoolState, RetryPolicy, Uuid};
+use semaphore_client::{
+    Borrow, Client, Enqueue, Error, Pool, PoolState, RetryPolicy, TicketStatus, Uuid,
+};
 use semaphore_wire::{to_json, Deleted, Returned};
 
 /// Exit statuses (flock(1), timeout(1) and sysexits.h conventions).
@@ -57,7 +59,8 @@ ENVIRONMENT:
     SEMAPHORE_URL      the service's base URL, as --url
     SEMAPHORE_POOL     the pool's UUID, as --pool
     SEMAPHORE_RETRIES  retries of a failed call, as --retries
-    SEMAPHORE_LEASE    the lease UUID for `semaphore return`
+    SEMAPHORE_LEASE    the lease UUID for `semaphore return`, `ticket` and `cancel`
+    SEMAPHORE_CALLBACK_TOKEN  the callback's token for `semaphore enqueue`
 
     `semaphore run` sets these for COMMAND: SEMAPHORE_LEASE (the lease UUID), \
 SEMAPHORE_POSITION (the slot number), SEMAPHORE_EXPIRES_AT (when the lease ends, Unix \
@@ -71,7 +74,8 @@ EXIT STATUS:
     64     bad usage: a missing or malformed option; a --url that leads to no
            semaphore service (it answers 404 \"not found\", or is another server);
            a request the service refused (400)
-    66     the pool does not exist (the service answered 404 \"pool not found\")
+    66     the pool does not exist (the service answered 404 \"pool not found\");
+           `ticket`, `cancel`: the pool has no ticket of that lease
     69     the service is unreachable, or answered 5xx after the retries
     124    `run`: the lease was about to end while COMMAND still ran: COMMAND was
            stopped (SIGTERM, then SIGKILL before the lease ended); or the lease
@@ -88,7 +92,9 @@ EXAMPLES:
     semaphore register --count 2
     semaphore run --ttl 60 --wait 120 -- make test
     LEASE=$(semaphore borrow --ttl 30 | jq -r .lease)
-    semaphore return $LEASE";
+    semaphore return $LEASE
+    semaphore enqueue --ttl 60 --wait 7200 --callback https://example.com/granted --token T
+    semaphore ticket $LEASE";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -158,6 +164,52 @@ enum Command {
     /// Borrow a slot, run COMMAND while holding it, then return it.
     #[command(long_about = run::LONG_ABOUT)]
     Run(RunArgs),
+    /// Async mode: queue a borrow for up to --wait (hours); when a slot is
+    /// granted, the service POSTs the grant to --callback. Prints the ticket and
+    /// the lease UUID (return it with `semaphore return` when done).
+    Enqueue(EnqueueArgs),
+    /// Async mode: show the state of the ticket of LEASE.
+    Ticket {
+        /// The lease UUID the ticket was queued with.
+        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true)]
+        lease: Uuid,
+    },
+    /// Async mode: give the ticket of LEASE up, if it still waits.
+    Cancel {
+        /// The lease UUID the ticket was queued with.
+        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true)]
+        lease: Uuid,
+    },
+}
+
+#[derive(Debug, Args)]
+struct EnqueueArgs {
+    /// Seconds the lease lives from its grant.
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    ttl: Duration,
+
+    /// Seconds the ticket may wait for a grant (default: the service's
+    /// maximum, a day unless configured).
+    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    wait: Option<Duration>,
+
+    /// The receiver's https URL (the service calls public addresses only).
+    #[arg(long, value_name = "URL")]
+    callback: String,
+
+    /// Sent as `Authorization: Bearer TOKEN` to the callback.
+    #[arg(
+        long,
+        env = "SEMAPHORE_CALLBACK_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    token: String,
+
+    /// The lease UUID (default: a new one); the same UUID again is the same
+    /// ticket.
+    #[arg(long, value_name = "UUID")]
+    lease: Option<Uuid>,
 }
 
 #[derive(Debug, Args)]
@@ -340,11 +392,59 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
             }
         }),
         Command::Run(args) => return run::run(pool, url, args).await,
+        Command::Enqueue(args) => {
+            let mut ask = Enqueue::new(args.ttl, args.callback, args.token);
+            if let Some(wait) = args.wait {
+                ask = ask.wait(wait);
+            }
+            if let Some(lease) = args.lease {
+                ask = ask.lease_id(lease);
+            }
+            pool.enqueue(ask).await.map(|queued| {
+                if human {
+                    println!(
+                        "ticket {} for lease {}: {} ahead",
+                        queued.ticket,
+                        queued.lease.hyphenated(),
+                        queued.ahead
+                    );
+                } else {
+                    println!(
+                        "{}",
+                        serde_json::json!({
+                            "lease": queued.lease,
+                            "ticket": queued.ticket,
+                            "ahead": queued.ahead,
+                        })
+                    );
+                }
+            })
+        }
+        Command::Ticket { lease } => pool.ticket(lease).await.map(|t| print_ticket(&t, human)),
+        Command::Cancel { lease } => pool.cancel(lease).await.map(|t| print_ticket(&t, human)),
     };
     match outcome {
         Ok(()) => 0,
         Err(err) => report(pool, &err, exit::NO_SLOT),
     }
+}
+
+fn print_ticket(ticket: &TicketStatus, human: bool) {
+    if !human {
+        println!("{}", to_json(ticket));
+        return;
+    }
+    let mut line = format!("ticket {}: {}", ticket.ticket, ticket.state);
+    if let Some(ahead) = ticket.ahead {
+        line.push_str(&format!(", {ahead} ahead"));
+    }
+    if let (Some(position), Some(fence)) = (ticket.position, ticket.fence) {
+        line.push_str(&format!(", position {position}, fence {fence}"));
+    }
+    if let Some(reason) = &ticket.reason {
+        line.push_str(&format!(": {reason}"));
+    }
+    println!("{line}");
 }
 
 fn print_state(pool: &Pool, state: PoolState, human: bool) {
@@ -375,6 +475,7 @@ fn report(pool: &Pool, err: &Error, no_slot: u8) -> u8 {
             exit::NO_POOL,
             " (create it with: semaphore register --count N)",
         ),
+        Error::TicketNotFound => (exit::NO_POOL, ""),
         Error::RouteNotFound(_) => (
             exit::USAGE,
             "; check --url or SEMAPHORE_URL: the service's base URL, with its stage if it has one",

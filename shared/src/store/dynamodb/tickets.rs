@@ -13,7 +13,8 @@
 //! | `gp`, `gf`, `gt`, `ge` | N | once granted: position, fence, granted and expiry ms |
 //! | `dv` | N | delivered at (ms) |
 //! | `r`  | S | why it failed |
-//! | `n`  | N | delivery attempts |
+//! | `at` | N | delivery attempts |
+//! | `xp` | N | when DynamoDB may delete the item (Unix s): a week after its wait ends. Garbage collection only (TTL deletes days late): no state is read from it |
 
 use std::collections::HashMap;
 
@@ -46,7 +47,12 @@ const GRANTED: &str = "gt";
 const EXPIRES: &str = "ge";
 const DELIVERED: &str = "dv";
 const REASON: &str = "r";
-const ATTEMPTS: &str = "n";
+// Not `n`: the stream's filter tells pool items with tickets by their `n`.
+const ATTEMPTS: &str = "at";
+/// The table's TTL attribute.
+pub const EXPIRES_AT: &str = "xp";
+/// A ticket item outlives its wait by this long, for its status to be read.
+const KEPT_S: u64 = 7 * 24 * 3600;
 
 fn ticket_key(key: &PoolKey, digest: LeaseDigest) -> Item {
     let mut sk = vec![TICKET_ITEM];
@@ -99,6 +105,10 @@ fn encode(key: &PoolKey, ticket: &TicketItem) -> Item {
         (WAIT_UNTIL.to_string(), number(ticket.wait_until_ms)),
         (STATE.to_string(), string(ticket.state.name())),
         (ATTEMPTS.to_string(), number(ticket.attempts)),
+        (
+            EXPIRES_AT.to_string(),
+            number(ticket.wait_until_ms / 1000 + KEPT_S),
+        ),
     ]);
     if let Some(callback) = &ticket.callback {
         item.insert(CALLBACK_URL.to_string(), string(&callback.url));
