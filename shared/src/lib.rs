@@ -17,6 +17,8 @@ pub mod metrics;
 pub mod openapi;
 pub mod service;
 pub mod store;
+#[cfg(feature = "stream")]
+pub mod stream;
 
 pub use api::Route;
 pub use error::Error;

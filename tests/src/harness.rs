@@ -57,6 +57,23 @@ pub async fn dynamodb_store_on_the_wire(counters: Arc<Counters>) -> Arc<dyn Pool
     ))
 }
 
+/// [`dynamodb_store_on_the_wire`] as both traits: its pools and its tickets.
+pub async fn dynamodb_stores_on_the_wire(
+    counters: Arc<Counters>,
+) -> (Arc<dyn PoolStore>, Arc<dyn TicketStore>) {
+    let base = dynamodb_client().await;
+    let conf = base
+        .config()
+        .to_builder()
+        .interceptor(HttpCounter(counters))
+        .build();
+    let store = Arc::new(DynamoDbStore::new(
+        aws_sdk_dynamodb::Client::from_conf(conf),
+        TABLE,
+    ));
+    (store.clone(), store)
+}
+
 pub fn memory_store() -> Arc<dyn PoolStore> {
     Arc::new(MemoryStore::new())
 }

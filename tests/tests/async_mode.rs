@@ -28,6 +28,7 @@ on_both_stores!(
     deleting_the_pool_ends_its_tickets,
     a_grant_cut_short_is_delivered_at_the_next_step,
     a_pool_settles_when_its_async_work_is_done,
+    a_raised_count_serves_waiting_tickets,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -485,4 +486,32 @@ async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+async fn a_raised_count_serves_waiting_tickets(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    borrow_as(&api, &pool, &lease(), 30.0, 0.0).await;
+    let (first, second) = (lease(), lease());
+    enqueue(&api, &pool, &first, &url, 600.0).await;
+    enqueue(&api, &pool, &second, &url, 600.0).await;
+    until_waiting(&api, &pool, 2).await;
+    // Two more slots: no return, no expiry; the raise's write is the change.
+    api.register(&pool, 3).await;
+    let a = until_state(&api, &pool, &first, "delivered", Duration::from_secs(5)).await;
+    let b = until_state(&api, &pool, &second, "delivered", Duration::from_secs(5)).await;
+    let mut positions = [a["position"].as_u64(), b["position"].as_u64()];
+    positions.sort();
+    assert_eq!(
+        positions,
+        [Some(1), Some(2)],
+        "the lowest free positions, in order"
+    );
+    assert!(
+        a["fence"].as_u64() < b["fence"].as_u64(),
+        "first in line, first served"
+    );
+    assert_eq!(got.lock().expect("lock").len(), 2);
 }

@@ -10,7 +10,9 @@ use semaphore::keys::LeaseId;
 use semaphore::store::Updated;
 use semaphore::Limits;
 use semaphore_tests::counting::{Counters, Outcome};
-use semaphore_tests::harness::{dynamodb_store_on_the_wire, pool_id, ApiClient};
+use semaphore_tests::harness::{
+    dynamodb_store_on_the_wire, dynamodb_stores_on_the_wire, pool_id, ApiClient,
+};
 
 /// What a list of `(operation, outcome, count)` means on the wire.
 fn wire(expected: &[(&str, Outcome, u64)]) -> BTreeMap<(String, Outcome), u64> {
@@ -195,4 +197,44 @@ async fn concurrent_returns_with_waiters_never_collide() {
     }
     positions.sort_unstable();
     assert_eq!(positions, vec![0, 1]);
+}
+
+/// Async mode's enqueue: one read (its lease's ticket: a repeat takes no
+/// number), one write to the pool item (the number), one ticket item. A
+/// repeat reads its ticket and the pool, and writes nothing.
+#[tokio::test]
+async fn an_enqueue_writes_the_pool_item_once_and_its_ticket() {
+    let counters = Arc::new(Counters::default());
+    let (store, tickets) = dynamodb_stores_on_the_wire(counters.clone()).await;
+    let api = ApiClient {
+        service: semaphore::Service::new(store, Limits::default())
+            .with_tickets(tickets)
+            .with_callback_policy(semaphore::callback::CallbackPolicy { allow_local: true }),
+    };
+    let id = pool_id();
+    api.register(&id, 1).await;
+    api.borrow(&id, 60.0, 0.0).await;
+    let lease = uuid::Uuid::new_v4();
+    let body = serde_json::json!({"ttl": 60, "lease": lease,
+        "callback": {"url": "http://127.0.0.1:9/granted", "token": "t"}})
+    .to_string();
+    for (label, expected) in [
+        (
+            "enqueue",
+            wire(&[
+                ("GetItem", Won, 1),
+                ("UpdateItem", Won, 1),
+                ("PutItem", Won, 1),
+            ]),
+        ),
+        ("enqueue (repeated)", wire(&[("GetItem", Won, 2)])),
+    ] {
+        let before = counters.wire();
+        let (status, answer) = api.call("POST", &format!("/l/{id}/enqueue"), &body).await;
+        assert_eq!(status, 202, "{label}: {answer}");
+        assert_eq!(answer["ticket"], 0, "{label}: {answer}");
+        let sent = Counters::wire_since(&counters.wire(), &before);
+        println!("{label:<30} {sent:?}");
+        assert_eq!(sent, expected, "{label}");
+    }
 }

@@ -8,6 +8,7 @@
 extern crate semaphore_tests;
 
 mod async_mode;
+mod async_random;
 mod behaviour;
 mod calls_per_operation;
 mod checker;

@@ -118,7 +118,15 @@ impl Server {
         command.args(["--port", "0"]).args(args);
         if let Backend::DynamoDb = store {
             let endpoint = harness::endpoint();
-            command.args(["--dynamodb", &endpoint, "--table", "semaphore-client-tests"]);
+            // Every local-api on a table runs a dispatcher on its stream: a server
+            // whose test uses async mode gets a table of its own (another server's
+            // dispatcher would deliver its grants too, or, strict, refuse them).
+            let table = if args.contains(&"--allow-local-callbacks") {
+                format!("semaphore-client-tests-{}", Uuid::new_v4().simple())
+            } else {
+                "semaphore-client-tests".to_string()
+            };
+            command.args(["--dynamodb", &endpoint, "--table", &table]);
         }
         let mut child = command
             .envs(env.iter().copied())
@@ -130,9 +138,17 @@ impl Server {
         // It prints its address once it serves (after creating the table).
         let mut line = String::new();
         let stdout = child.stdout.take().expect("piped stdout");
-        BufReader::new(stdout)
+        let mut stdout = BufReader::new(stdout);
+        stdout
             .read_line(&mut line)
             .expect("read local-api's first line");
+        // Its later lines (warnings) go to the test's output, and its writes
+        // never meet a closed pipe.
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                eprintln!("local-api: {line}");
+            }
+        });
         let port: u16 = line
             .split("127.0.0.1:")
             .nth(1)

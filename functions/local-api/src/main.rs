@@ -10,8 +10,9 @@
 //! ```
 //!
 //! Async mode's dispatcher runs in-process: told of each change to a pool
-//! with async tickets by the service, it admits, hands on, records and
-//! delivers grants to their callbacks.
+//! with async work (on DynamoDB by the table's stream, as in AWS; in memory
+//! by the service), it admits, hands on, records and delivers grants to
+//! their callbacks.
 //!
 //! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS` and `MAX_WAITERS` as the
 //! functions do, and refuses a bad value the same way (exit status 2).
@@ -33,7 +34,7 @@ use semaphore::callback::{CallbackPolicy, Caller};
 use semaphore::dispatch;
 use semaphore::metrics::LogFormat;
 use semaphore::service::Call;
-use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
+use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore};
 use semaphore::{config, openapi, Limits, Route, Service};
 use tokio::net::TcpListener;
 
@@ -112,35 +113,38 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args, limits: Limits) -> Result<(), String> {
     let dynamodb = args.dynamodb.as_ref().zip(args.table.as_ref());
-    let (store, tickets, described): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, String) =
-        match dynamodb {
-            None => {
-                let store = Arc::new(MemoryStore::new());
-                (store.clone(), store, "embedded in-memory store".into())
-            }
-            Some((url, table)) => {
-                let client = config::dynamodb_client(Some(url)).await;
-                dynamodb::ensure_table(&client, table)
-                    .await
-                    .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
-                let store = Arc::new(DynamoDbStore::new(client, table.clone()));
-                (
-                    store.clone(),
-                    store,
-                    format!("DynamoDB at {url}, table {table}"),
-                )
-            }
-        };
     let policy = CallbackPolicy {
         allow_local: args.allow_local_callbacks,
     };
     let local = dispatch::Local::new();
-    let service = Arc::new(
-        Service::new(store, limits)
-            .with_tickets(tickets)
-            .with_callback_policy(policy)
-            .with_watch(local.watch()),
-    );
+    let service = match dynamodb {
+        None => {
+            let store = Arc::new(MemoryStore::new());
+            // The service tells the dispatcher of each change, as the stream
+            // filter would.
+            Service::new(store.clone(), limits)
+                .with_tickets(store)
+                .with_watch(local.watch())
+        }
+        Some((url, table)) => {
+            let client = config::dynamodb_client(Some(url)).await;
+            dynamodb::ensure_table(&client, table)
+                .await
+                .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
+            // The dispatcher follows the table's stream, as in AWS.
+            let arn = dynamodb::stream_arn(&client, table)
+                .await
+                .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
+            semaphore::stream::follow(url, arn, local.watch()).await?;
+            let store = Arc::new(DynamoDbStore::new(client, table.clone()));
+            Service::new(store.clone(), limits).with_tickets(store)
+        }
+    };
+    let described = match dynamodb {
+        None => "embedded in-memory store".to_string(),
+        Some((url, table)) => format!("DynamoDB at {url}, table {table}"),
+    };
+    let service = Arc::new(service.with_callback_policy(policy));
     let caller = Caller::new(policy, Duration::from_secs(5))
         .map_err(|e| format!("cannot build the callback client: {e}"))?;
     local.start(Arc::new(

@@ -3,7 +3,9 @@
 //! itself, which is `crate::dispatch`'s). See `docs/DESIGN.md`.
 
 use super::*;
-use crate::domain::{Callback, LeaseDigest, TicketGrant, TicketItem, TicketState, MAX_ADMITS};
+use crate::domain::{
+    Callback, Change, LeaseDigest, TicketGrant, TicketItem, TicketState, MAX_ADMITS,
+};
 use crate::store::{PutTicket, TicketStore, TicketUpdated};
 
 /// The most async tickets admitted to a pool's queue at once: what async
@@ -206,7 +208,12 @@ impl Service {
         let key = id.key();
         let mut ctx = self.ctx(call, Duration::ZERO);
         let record = ctx.load(&key).await?;
-        let item = ctx.call(tickets.ticket(&key, lease.digest())).await?;
+        let mut item = ctx.call(tickets.ticket(&key, lease.digest())).await?;
+        if let Some(record) = &record {
+            if let Some(found) = item.take() {
+                item = Some(expire_if_over(&mut ctx, tickets, &key, record, found).await?);
+            }
+        }
         report(record.as_ref(), item)
     }
 
@@ -232,7 +239,8 @@ impl Service {
             // Its pool was deleted: nothing to cancel.
             return report(None, found);
         };
-        let mut item = found.ok_or(Error::TicketNotFound)?;
+        let found = found.ok_or(Error::TicketNotFound)?;
+        let mut item = expire_if_over(&mut ctx, tickets, &key, &record, found).await?;
         if item.state == TicketState::Waiting {
             item = match ctx
                 .call(tickets.set_ticket_state(
@@ -331,6 +339,17 @@ impl Service {
                     .grant_of(&item.holder)
                     .filter(|l| l.granted_ms.saturating_add(TICKET_GRACE_MS) >= item.joined_ms);
                 let ended = match (&item.state, grant, queued) {
+                    // Ended ungranted (cancelled or expired) while a slot
+                    // was being handed to it: nobody will use that slot.
+                    (TicketState::Cancelled | TicketState::Expired, Some(lease), _)
+                        if lease.is_live(now) =>
+                    {
+                        if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now)
+                        {
+                            record = write(&mut ctx, key, &record, &update, &mut lost).await?;
+                        }
+                        true
+                    }
                     // Ended: no longer the pool's business.
                     (state, ..) if state.is_final() => true,
                     // Granted, not yet delivered (delivery under way, or cut
@@ -438,8 +457,9 @@ impl Service {
             step.wake_ms = Some(step.wake_ms.map_or(soon, |w| w.min(soon)));
         }
         if pool.line().has_backlog() {
-            // Backlog tickets whose wait ends, and gaps passed after GAP_MS.
-            let soon = now + crate::domain::GAP_MS / 4;
+            // Admission passes tickets whose wait ended (they end `expired`)
+            // and, after GAP_MS, numbers without a ticket.
+            let soon = now + 1_000;
             step.wake_ms = Some(step.wake_ms.map_or(soon, |w| w.min(soon)));
         }
         Ok(step)
@@ -561,14 +581,70 @@ pub(super) async fn admit(
         .into_iter()
         .filter(|t| t.incarnation == record.incarnation)
         .collect();
+    let now = now_ms();
     let Some(update) = record
         .pool
-        .plan_admit(&backlog, now_ms(), max_waiters, ASYNC_WINDOW)
+        .plan_admit(&backlog, now, max_waiters, ASYNC_WINDOW)
     else {
         return Ok(None);
     };
     let mut lost = 0u32;
-    write(ctx, key, record, &update, &mut lost).await.map(Some)
+    let after = write(ctx, key, record, &update, &mut lost).await?;
+    // Tickets passed because their wait had ended now end `expired` (each
+    // once: conditioned on still waiting).
+    let passed = update.changes.iter().find_map(|change| match change {
+        Change::SetAdmitted(admitted) => Some(*admitted),
+        _ => None,
+    });
+    if let Some(passed) = passed.filter(|p| after.pool.line().admitted >= *p) {
+        for item in backlog.iter().filter(|t| {
+            t.number < passed && t.state == TicketState::Waiting && now >= t.wait_until_ms
+        }) {
+            ctx.call(tickets.set_ticket_state(
+                key,
+                item.digest(),
+                &TicketState::Waiting,
+                &TicketState::Expired,
+            ))
+            .await?;
+        }
+    }
+    Ok(Some(after))
+}
+
+/// A ticket whose wait is over while it is still in the backlog (admission
+/// has not reached it) ends `expired` when it is read: it can no longer be
+/// admitted, and its owner is told so now. (One admitted to the queue ends
+/// by the dispatcher's step, which also sees a slot handed to it meanwhile.)
+async fn expire_if_over(
+    ctx: &mut Ctx<'_>,
+    tickets: &dyn TicketStore,
+    key: &PoolKey,
+    record: &Record,
+    item: TicketItem,
+) -> Result<TicketItem, Error> {
+    let over = item.state == TicketState::Waiting
+        && record.incarnation == item.incarnation
+        && now_ms() >= item.wait_until_ms
+        && !record.pool.asks(item.digest(), now_ms())
+        && record.pool.line().admitted <= item.number;
+    if !over {
+        return Ok(item);
+    }
+    Ok(
+        match ctx
+            .call(tickets.set_ticket_state(
+                key,
+                item.digest(),
+                &TicketState::Waiting,
+                &TicketState::Expired,
+            ))
+            .await?
+        {
+            TicketUpdated::Written(item) | TicketUpdated::Lost(item) => item,
+            TicketUpdated::Gone => item,
+        },
+    )
 }
 
 /// The report of `item` in the pool as read: a ticket of a pool deleted

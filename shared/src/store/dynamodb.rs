@@ -41,7 +41,8 @@ use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, AttributeValue, BillingMode, ConsumedCapacity, KeySchemaElement, KeyType,
     LocalSecondaryIndex, Projection, ProjectionType, ReturnConsumedCapacity, ReturnValue,
-    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, TableStatus,
+    ReturnValuesOnConditionCheckFailure, ScalarAttributeType, StreamSpecification, StreamViewType,
+    TableStatus,
 };
 use aws_sdk_dynamodb::Client;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -74,7 +75,8 @@ const ENDED: &str = "e";
 const NEXT_TICKET: &str = "n";
 const ADMITTED: &str = "a";
 const ASYNCS: &str = "y";
-const ACTIVE: &str = "z";
+/// The async-work flag (see [`dispatches`]).
+pub const ACTIVE: &str = "z";
 
 /// Milliseconds fit in 13 decimal digits until the year 2286: a stamp is
 /// the relative fence in the digits above them.
@@ -597,6 +599,14 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
         .attribute_definitions(attribute(NUMBER, ScalarAttributeType::N)?)
         .key_schema(key(PK, KeyType::Hash)?)
         .key_schema(key(SK, KeyType::Range)?)
+        // Async mode's dispatcher follows it (template.yaml: the same view).
+        .stream_specification(
+            StreamSpecification::builder()
+                .stream_enabled(true)
+                .stream_view_type(StreamViewType::NewImage)
+                .build()
+                .map_err(invalid)?,
+        )
         // Ticket items in ticket order (async mode); a local index, so that
         // its reads can be strongly consistent. Pool items have no `tn`.
         .local_secondary_indexes(
@@ -658,6 +668,34 @@ pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError
         StoreErrorKind::Unavailable,
         format!("table {table} did not become active"),
     ))
+}
+
+/// The table's stream (async mode's dispatcher follows it in local runs).
+pub async fn stream_arn(client: &Client, table: &str) -> Result<String, StoreError> {
+    let described = client
+        .describe_table()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(store_error)?;
+    described
+        .table()
+        .and_then(|t| t.latest_stream_arn())
+        .map(str::to_string)
+        .ok_or_else(|| {
+            StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("table {table} has no stream (async mode's dispatcher follows it)"),
+            )
+        })
+}
+
+/// Whether a change of the table invokes async mode's dispatcher: a write
+/// that leaves a pool item (sort key `00`) with the async-work flag, or a new
+/// ticket item (its number). `template.yaml`'s event source filter says the
+/// same; sync-only pools never pass it.
+pub fn dispatches(sort_key: &[u8], new_image_has: impl Fn(&str) -> bool, inserted: bool) -> bool {
+    (sort_key == POOL_ITEM && new_image_has(ACTIVE)) || (inserted && new_image_has(NUMBER))
 }
 
 fn store_error<E, R>(err: SdkError<E, R>) -> StoreError

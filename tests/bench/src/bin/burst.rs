@@ -9,7 +9,8 @@
 //!                                               [--dynamodb URL]
 //!
 //! Without --dynamodb it runs on the in-memory store. Everything runs in this
-//! process: the service, the dispatcher (local-api's), and a loopback receiver.
+//! process: the service, the dispatcher (local-api's: on DynamoDB it follows
+//! the table's stream), and a loopback receiver.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +59,7 @@ struct Got {
 #[tokio::main]
 async fn main() -> Result<(), String> {
     let args = Args::parse();
+    let local = Local::new();
     let counters = Arc::new(Counters::default());
     let capacity = Arc::new(AtomicU64::new(0));
     let (store, tickets, name): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, &str) = match &args
@@ -72,6 +74,12 @@ async fn main() -> Result<(), String> {
             dynamodb::ensure_table(&base, "semaphore-burst")
                 .await
                 .map_err(|e| e.to_string())?;
+            // The dispatcher follows the table's stream, as local-api and the
+            // AWS event source do.
+            let arn = dynamodb::stream_arn(&base, "semaphore-burst")
+                .await
+                .map_err(|e| e.to_string())?;
+            semaphore::stream::follow(url, arn, local.watch()).await?;
             let conf = base
                 .config()
                 .to_builder()
@@ -85,13 +93,14 @@ async fn main() -> Result<(), String> {
         }
     };
     let policy = CallbackPolicy { allow_local: true };
-    let local = Local::new();
-    let service = Arc::new(
-        Service::new(store.clone(), Limits::default())
-            .with_tickets(tickets.clone())
-            .with_callback_policy(policy)
-            .with_watch(local.watch()),
-    );
+    let mut service = Service::new(store.clone(), Limits::default())
+        .with_tickets(tickets.clone())
+        .with_callback_policy(policy);
+    if args.dynamodb.is_none() {
+        // In memory the service tells the dispatcher of each change.
+        service = service.with_watch(local.watch());
+    }
+    let service = Arc::new(service);
     let caller = Caller::new(policy, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     local.start(Arc::new(Dispatcher::new(service.clone(), caller)));
 

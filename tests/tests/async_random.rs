@@ -1,0 +1,341 @@
+//! Async mode under a random mix, on both stores: sync borrowers and async
+//! tickets on one pool, receivers that take their grant, answer slowly,
+//! fail (5xx), refuse (410) or hang, and tickets cancelled at random. Then:
+//! every ticket ended, in one final state; no two holders (a sync borrower
+//! between its answer and its return, a receiver between its callback and
+//! its return) ever shared a position or held more than `count` slots at
+//! once; every grant's fence is unique; no slot of a receiver that failed or
+//! hung is held past the delivery bound (its lease outlives the bound).
+//!
+//! `SEMAPHORE_SEED=N` replays a seed's choices; `SEMAPHORE_SOAK=1` runs
+//! five minutes per store instead of four seconds.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use semaphore::callback::{CallbackPolicy, Caller};
+use semaphore::dispatch::{Dispatcher, Local};
+use semaphore::domain::TicketState;
+use semaphore::keys::{LeaseId, PoolId};
+use semaphore::Limits;
+use semaphore_tests::harness::{pool_id, ApiClient, Backend};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+on_both_stores!(workers = 4; tickets_end_once_and_holders_never_overlap);
+
+const COUNT: usize = 3;
+/// Delivery bound of this test's dispatcher, and its per-attempt timeout.
+const BOUND: Duration = Duration::from_millis(2_000);
+const ATTEMPT: Duration = Duration::from_millis(300);
+/// Leases outlive the bound: a slot freed within it was freed by the bound.
+const TTL_S: f64 = 5.0;
+
+/// How a receiver treats a callback (by the URL's path), weighted: half
+/// take their grant at once.
+const MODES: [&str; 10] = [
+    "ok", "ok", "ok", "ok", "ok", "slow", "slow", "fail", "gone", "hang",
+];
+
+#[derive(Clone, Copy, Debug)]
+struct Hold {
+    position: u64,
+    fence: u64,
+    from: Instant,
+    to: Instant,
+}
+
+#[derive(Default)]
+struct Seen {
+    holds: Mutex<Vec<Hold>>,
+    /// Callbacks answered 2xx, by ticket number.
+    delivered: Mutex<HashMap<u64, usize>>,
+    /// Ticket number → lease, as enqueues answered.
+    leases: Mutex<HashMap<u64, String>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
+    let seed = std::env::var("SEMAPHORE_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0);
+    eprintln!("async_random: seed {seed} (reproduce with SEMAPHORE_SEED={seed})");
+    let soak = std::env::var("SEMAPHORE_SOAK").is_ok_and(|v| v == "1");
+    let run_for = Duration::from_secs(if soak { 300 } else { 4 });
+
+    let (store, tickets) = backend.stores().await;
+    let policy = CallbackPolicy { allow_local: true };
+    let local = Local::new();
+    let api = Arc::new(ApiClient {
+        service: semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets.clone())
+            .with_callback_policy(policy)
+            .with_watch(local.watch()),
+    });
+    let dispatcher_service = Arc::new(
+        semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets.clone())
+            .with_callback_policy(policy),
+    );
+    let caller = Caller::new(policy, ATTEMPT).expect("caller");
+    local.start(Arc::new(
+        Dispatcher::new(dispatcher_service, caller).with_bound(BOUND),
+    ));
+    let pool = pool_id();
+    api.register(&pool, COUNT as u32).await;
+    let seen = Arc::new(Seen::default());
+    let base = receiver(api.clone(), pool.clone(), seen.clone()).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    // Sync borrowers.
+    for i in 0..3u64 {
+        let (api, pool, seen, stop) = (api.clone(), pool.clone(), seen.clone(), stop.clone());
+        let mut rng = fastrand::Rng::with_seed(seed ^ i);
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let lease = uuid::Uuid::new_v4().to_string();
+                let body = json!({"ttl": TTL_S, "wait": 1.0, "lease": lease});
+                let (status, grant) = api
+                    .call("POST", &format!("/l/{pool}/borrow"), &body.to_string())
+                    .await;
+                if status != 200 {
+                    assert_eq!(status, 409, "{grant}");
+                    continue;
+                }
+                let from = Instant::now();
+                tokio::time::sleep(Duration::from_millis(rng.u64(5..40))).await;
+                let to = Instant::now();
+                api.return_lease(&pool, &lease).await;
+                lock(&seen.holds).push(Hold {
+                    position: grant["position"].as_u64().unwrap_or(u64::MAX),
+                    fence: grant["fence"].as_u64().unwrap_or(0),
+                    from,
+                    to,
+                });
+            }
+        }));
+    }
+    // Enqueuers, and the tickets they made: (lease, mode).
+    let made: Arc<Mutex<Vec<(String, &'static str)>>> = Arc::default();
+    for i in 0..2u64 {
+        let (api, pool, seen, stop, made, base) = (
+            api.clone(),
+            pool.clone(),
+            seen.clone(),
+            stop.clone(),
+            made.clone(),
+            base.clone(),
+        );
+        let mut rng = fastrand::Rng::with_seed(seed ^ (100 + i));
+        tasks.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let mode = MODES[rng.usize(..MODES.len())];
+                let lease = uuid::Uuid::new_v4().to_string();
+                let body = json!({"ttl": TTL_S, "wait": rng.f64() * 4.0, "lease": lease,
+                    "callback": {"url": format!("{base}/{mode}"), "token": "t"}});
+                let (status, answer) = api
+                    .call("POST", &format!("/l/{pool}/enqueue"), &body.to_string())
+                    .await;
+                assert_eq!(status, 202, "{answer}");
+                let number = answer["ticket"].as_u64().expect("a ticket");
+                lock(&seen.leases).insert(number, lease.clone());
+                lock(&made).push((lease.clone(), mode));
+                if rng.u8(..10) == 0 {
+                    let (status, body) = api
+                        .call(
+                            "POST",
+                            &format!("/l/{pool}/cancel"),
+                            &json!({"lease": lease}).to_string(),
+                        )
+                        .await;
+                    assert_eq!(status, 200, "{body}");
+                }
+                tokio::time::sleep(Duration::from_millis(rng.u64(50..250))).await;
+            }
+        }));
+    }
+    tokio::time::sleep(run_for).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.expect("a client task");
+    }
+    // Every ticket ends: its wait (≤ 3 s), then delivery within the bound.
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let made = lock(&made).clone();
+    let deadline = Instant::now() + Duration::from_secs(4) + BOUND + Duration::from_secs(3);
+    let mut ends: HashMap<&'static str, usize> = HashMap::new();
+    for (lease, mode) in &made {
+        let digest = LeaseId(lease.parse().expect("uuid")).digest();
+        let item = loop {
+            let item = tickets
+                .ticket(&key, digest)
+                .await
+                .expect("read")
+                .expect("stored");
+            if item.state.is_final() || Instant::now() > deadline {
+                break item;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(
+            item.state.is_final(),
+            "{mode} ticket {} still {}",
+            item.number,
+            item.state.name()
+        );
+        match (&item.state, *mode) {
+            (TicketState::Delivered { .. }, "ok" | "slow") => {}
+            (TicketState::Failed { reason }, "fail" | "gone" | "hang") => {
+                assert!(!reason.is_empty())
+            }
+            (TicketState::Cancelled | TicketState::Expired, _) => {}
+            (state, mode) => panic!("a {mode} receiver's ticket ended {state:?}"),
+        }
+        *ends.entry(item.state.name()).or_default() += 1;
+    }
+    // Receivers that took their grant return it (hold ≤ 40 ms); those that
+    // failed or hung had theirs returned within the bound, long before the
+    // 5-s leases would end.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["in_use"], 0, "a slot is still held: {state}");
+
+    let holds = lock(&seen.holds).clone();
+    let delivered = lock(&seen.delivered).clone();
+    assert!(
+        delivered.values().all(|n| *n == 1),
+        "a ticket delivered twice: {delivered:?}"
+    );
+    let mut fences = HashSet::new();
+    for hold in &holds {
+        assert!((hold.position as usize) < COUNT, "{hold:?}");
+        assert!(
+            fences.insert(hold.fence),
+            "fence {} granted twice",
+            hold.fence
+        );
+    }
+    for (i, a) in holds.iter().enumerate() {
+        let at_once = holds
+            .iter()
+            .filter(|b| b.from <= a.from && a.from < b.to)
+            .count();
+        assert!(at_once <= COUNT, "{at_once} holders at once");
+        for b in &holds[i + 1..] {
+            assert!(
+                a.position != b.position || a.to <= b.from || b.to <= a.from,
+                "position {} held twice at once: {a:?} {b:?}",
+                a.position
+            );
+        }
+    }
+    eprintln!(
+        "async_random: {} holds ({} by receivers), {} tickets: {ends:?}",
+        holds.len(),
+        delivered.len(),
+        made.len()
+    );
+    assert!(
+        delivered.len() >= 3 && holds.len() >= 20,
+        "too little happened"
+    );
+}
+
+/// The receivers: `{base}/{mode}`. `ok` and `slow` (answers after 150 ms)
+/// take their grant, hold it, and return it; `fail` answers 500, `gone` 410,
+/// `hang` never answers in time.
+async fn receiver(api: Arc<ApiClient>, pool: String, seen: Arc<Seen>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let base = format!("http://{}", listener.local_addr().expect("addr"));
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let (api, pool, seen) = (api.clone(), pool.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Some((path, body)) = read_request(&mut stream).await else {
+                    return;
+                };
+                let from = Instant::now();
+                let status = match path.trim_start_matches('/') {
+                    "ok" => 200,
+                    "slow" => {
+                        tokio::time::sleep(ATTEMPT / 2).await;
+                        200
+                    }
+                    "fail" => 500,
+                    "gone" => 410,
+                    _ => {
+                        tokio::time::sleep(ATTEMPT * 4).await;
+                        return;
+                    }
+                };
+                let answer = format!(
+                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                );
+                if stream.write_all(answer.as_bytes()).await.is_err() || status != 200 {
+                    return;
+                }
+                let ticket = body["ticket"].as_u64().unwrap_or(u64::MAX);
+                *lock(&seen.delivered).entry(ticket).or_default() += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let lease = loop {
+                    if let Some(lease) = lock(&seen.leases).get(&ticket).cloned() {
+                        break lease;
+                    }
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                };
+                let to = Instant::now();
+                api.return_lease(&pool, &lease).await;
+                lock(&seen.holds).push(Hold {
+                    position: body["position"].as_u64().unwrap_or(u64::MAX),
+                    fence: body["fence"].as_u64().unwrap_or(0),
+                    from,
+                    to,
+                });
+            });
+        }
+    });
+    base
+}
+
+/// The path and JSON body of one HTTP request.
+async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<(String, Value)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        let Some(end) = text.find("\r\n\r\n") else {
+            continue;
+        };
+        let path = text.split_whitespace().nth(1)?.to_string();
+        let length = text[..end]
+            .lines()
+            .find_map(|l| {
+                let (name, value) = l.split_once(':')?;
+                name.eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse::<usize>().ok())?
+            })
+            .unwrap_or(0);
+        if buf.len() >= end + 4 + length {
+            return Some((
+                path,
+                serde_json::from_slice(&buf[end + 4..end + 4 + length]).ok()?,
+            ));
+        }
+    }
+}
