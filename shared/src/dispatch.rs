@@ -112,6 +112,15 @@ impl Dispatcher {
         Ok(Stepped { deliver, wake_ms })
     }
 
+    /// Gives back deliveries a step handed out that the caller will not make
+    /// (out of time): a later step hands them out again.
+    pub fn abandon(&self, key: PoolKey, deliveries: &[ToDeliver]) {
+        let mut in_flight = self.in_flight();
+        for delivery in deliveries {
+            in_flight.remove(&(key, delivery.item.digest()));
+        }
+    }
+
     /// Delivers one grant until the receiver takes it, refuses it, or the
     /// lease or the bound ends; records the outcome.
     pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) {

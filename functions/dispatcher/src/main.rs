@@ -1,13 +1,16 @@
 //! Async mode's dispatcher: invoked by the table's stream (filtered to pool
-//! items with async tickets) and by its wake queue, it steps each pool named
-//! (admit, hand on, record grants), delivers the grants to their callbacks,
-//! and arms the pool's next wake: an SQS message delayed until its next lease
-//! expiry or ticket deadline (at most 15 minutes; re-armed then).
+//! items with async work and new tickets) and by its wake queue, it steps
+//! each pool named (admit, hand on, record grants), delivers the grants to
+//! their callbacks, and arms the pool's next wake: an SQS message delayed
+//! until its next lease expiry or ticket deadline (at most 15 minutes;
+//! re-armed then), at most one pending per pool (`wk` on the pool item).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::AttributeValue;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use lambda_http::lambda_runtime::{self, service_fn, LambdaEvent};
@@ -15,10 +18,12 @@ use lambda_http::Error;
 use semaphore::callback::{CallbackPolicy, Caller};
 use semaphore::clock::now_ms;
 use semaphore::config;
-use semaphore::dispatch::Dispatcher;
+use semaphore::dispatch::{Dispatcher, DELIVERY_BOUND};
 use semaphore::keys::PoolKey;
 use semaphore::metrics::LogFormat;
+use semaphore::store::dynamodb::{self, PK};
 use serde_json::{json, Value};
+use tokio::task::JoinSet;
 
 /// SQS delays a message by at most 15 minutes.
 const MAX_DELAY_S: u64 = 900;
@@ -27,7 +32,16 @@ struct State {
     dispatcher: Dispatcher,
     sqs: aws_sdk_sqs::Client,
     wake_queue: String,
+    dynamodb: aws_sdk_dynamodb::Client,
+    table: String,
 }
+
+/// The pool item's attribute holding the wake armed for it (Unix ms): one
+/// pending wake per pool, whichever invocations want one.
+const WAKE: &str = "wk";
+
+/// Time a round keeps for its deliveries (the bound) and their records.
+const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -35,51 +49,94 @@ async fn main() -> Result<(), Error> {
     let service = Arc::new(config::service_from_env().await?);
     let caller = Caller::new(CallbackPolicy::default(), Duration::from_secs(5))?;
     let wake_queue = std::env::var("WAKE_QUEUE_URL").map_err(|_| "WAKE_QUEUE_URL must be set")?;
+    let table = std::env::var("TABLE_NAME").map_err(|_| "TABLE_NAME must be set")?;
     let aws = aws_config::load_from_env().await;
     let state = Arc::new(State {
         dispatcher: Dispatcher::new(service, caller).with_log(LogFormat::Json),
         sqs: aws_sdk_sqs::Client::new(&aws),
         wake_queue,
+        dynamodb: config::dynamodb_client(None).await,
+        table,
     });
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
         let state = state.clone();
-        async move { handle(&state, event.payload).await }
+        async move {
+            let deadline_ms = event.context.deadline;
+            handle(state, event.payload, deadline_ms).await
+        }
     }))
     .await
 }
 
-/// Steps every pool the batch names until it has nothing to deliver, then
-/// arms its wake. A failure fails the batch: the stream or the queue retries
-/// it (and, past its retries, sends it to the dead-letter queue).
-async fn handle(state: &State, event: Value) -> Result<Value, Error> {
+/// Steps every pool the batch names, arming its next wake at once (before
+/// any delivery, which may outlast this invocation) and making its
+/// deliveries side by side, round after round while they leave work and
+/// time. A failure fails the batch: the stream or the queue retries it (and,
+/// past its retries, sends it to the dead-letter queue).
+async fn handle(state: Arc<State>, event: Value, deadline_ms: u64) -> Result<Value, Error> {
     for key in pools(&event) {
-        let mut wake_ms = None;
         for _ in 0..16 {
             let stepped = state.dispatcher.step(key).await?;
-            wake_ms = stepped.wake_ms;
+            if let Some(at) = stepped.wake_ms {
+                arm(&state, key, at).await?;
+            }
             if stepped.deliver.is_empty() {
                 break;
             }
-            let deliveries = stepped
-                .deliver
-                .into_iter()
-                .map(|delivery| state.dispatcher.deliver(key, delivery));
-            for delivery in deliveries.collect::<Vec<_>>() {
-                delivery.await;
+            if now_ms() + ROUND.as_millis() as u64 > deadline_ms {
+                // No time to deliver and record: the next invocation will.
+                state.dispatcher.abandon(key, &stepped.deliver);
+                arm(&state, key, now_ms()).await?;
+                break;
             }
-        }
-        if let Some(at) = wake_ms {
-            state
-                .sqs
-                .send_message()
-                .queue_url(&state.wake_queue)
-                .delay_seconds(delay_s(at, now_ms()))
-                .message_body(json!({"pool": STANDARD.encode(key.0)}).to_string())
-                .send()
-                .await?;
+            let mut deliveries = JoinSet::new();
+            for delivery in stepped.deliver {
+                let state = state.clone();
+                deliveries.spawn(async move { state.dispatcher.deliver(key, delivery).await });
+            }
+            while deliveries.join_next().await.is_some() {}
         }
     }
     Ok(json!({}))
+}
+
+/// Arms a wake of the pool at `at_ms` unless one at or before it is pending
+/// (recorded on the pool item, so that invocations never start a second
+/// chain of wakes): a conditional write, then an SQS message delayed until
+/// then (at most 15 minutes; the wake re-arms the rest).
+async fn arm(state: &State, key: PoolKey, at_ms: u64) -> Result<(), Error> {
+    let now = now_ms();
+    let armed = state
+        .dynamodb
+        .update_item()
+        .table_name(&state.table)
+        .set_key(Some(dynamodb::pool_key(&key)))
+        .update_expression(format!("SET {WAKE} = :at"))
+        // A pending wake is one not yet due; a due or past one was handled
+        // (or lost) and a new one may be armed.
+        .condition_expression(format!(
+            "attribute_exists({PK}) AND (attribute_not_exists({WAKE}) OR {WAKE} > :at OR {WAKE} < :now)"
+        ))
+        .expression_attribute_values(":at", AttributeValue::N(at_ms.to_string()))
+        .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
+        .send()
+        .await;
+    if let Err(err) = armed {
+        return match err.as_service_error() {
+            // An earlier wake is pending, or the pool is gone.
+            Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(()),
+            _ => Err(err.into()),
+        };
+    }
+    state
+        .sqs
+        .send_message()
+        .queue_url(&state.wake_queue)
+        .delay_seconds(delay_s(at_ms, now))
+        .message_body(json!({"pool": STANDARD.encode(key.0), "at": at_ms}).to_string())
+        .send()
+        .await?;
+    Ok(())
 }
 
 /// The pools a batch names: stream records' keys, wake messages' bodies.

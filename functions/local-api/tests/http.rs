@@ -370,13 +370,22 @@ fn a_database_that_never_answers_gets_json_502_in_time() {
         );
     }
     // One EMF line per request, the 502s among them; never a whole UUID.
-    let lines = server.lines(7);
-    let statuses: Vec<u64> = lines
-        .iter()
-        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-        .filter(|l| l["_aws"]["CloudWatchMetrics"].is_array())
-        .filter_map(|l| l["status"].as_u64())
-        .collect();
+    // (Warnings come between them: the dispatcher's stream reads fail too.)
+    let statuses_of = |lines: &[String]| -> Vec<u64> {
+        lines
+            .iter()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|l| l["_aws"]["CloudWatchMetrics"].is_array())
+            .filter_map(|l| l["status"].as_u64())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut lines = server.lines(7);
+    while statuses_of(&lines).len() < 7 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        lines = server.lines(lines.len() + 1);
+    }
+    let statuses = statuses_of(&lines);
     assert_eq!(statuses, [200, 502, 502, 502, 502, 502, 502], "{lines:#?}");
     assert!(lines
         .iter()

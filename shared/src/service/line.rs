@@ -340,10 +340,13 @@ impl Service {
                     .filter(|l| l.granted_ms.saturating_add(TICKET_GRACE_MS) >= item.joined_ms);
                 let ended = match (&item.state, grant, queued) {
                     // Ended ungranted (cancelled or expired) while a slot
-                    // was being handed to it: nobody will use that slot.
-                    (TicketState::Cancelled | TicketState::Expired, Some(lease), _)
-                        if lease.is_live(now) =>
-                    {
+                    // was being handed to it, or failed with its lease not
+                    // yet returned (that write failed): nobody holds it.
+                    (
+                        TicketState::Cancelled | TicketState::Expired | TicketState::Failed { .. },
+                        Some(lease),
+                        _,
+                    ) if lease.is_live(now) => {
                         if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now)
                         {
                             record = write(&mut ctx, key, &record, &update, &mut lost).await?;
@@ -522,7 +525,11 @@ impl Service {
                 let (ended, _) = self
                     .move_ticket(&mut ctx, key, moved, TicketState::Failed { reason })
                     .await?;
-                if let Some(mut record) = ctx.load(key).await? {
+                // Its lease goes back only if the ticket failed: another
+                // dispatcher's delivery of the same grant may have landed
+                // (`delivered`), and its receiver holds the slot.
+                let failed = matches!(ended.state, TicketState::Failed { .. });
+                if let Some(mut record) = ctx.load(key).await?.filter(|_| failed) {
                     let mut lost = 0u32;
                     while record.incarnation == item.incarnation {
                         let held = record

@@ -20,6 +20,7 @@
 //! | `a`  | N | async mode: the first ticket number not yet admitted to `q` (`a = n`: no backlog) |
 //! | `y`  | M | async mode: async tickets in `q`, or granted and not yet delivered: digest → ticket number |
 //! | `z`  | N | async mode: `1` while the pool has async work (the stream's filter); removed once settled |
+//! | `wk` | N | async mode, AWS only: the dispatcher's pending wake of the pool (Unix ms), so that one is pending at a time (functions/dispatcher) |
 //!
 //! A hand-off is `SET s[P] = if_not_exists(q[0], :free), g[P] = f + :now,
 //! f = f + :step REMOVE q[0], w[0]`: every right-hand side reads the item as
