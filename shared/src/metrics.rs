@@ -69,18 +69,7 @@ impl RequestLog<'_> {
             .collect();
         let status = self.status;
         let flag = |hit: bool| u32::from(hit);
-        let mut line = Map::new();
-        line.insert(
-            "_aws".into(),
-            json!({
-                "Timestamp": timestamp_ms,
-                "CloudWatchMetrics": [{
-                    "Namespace": namespace,
-                    "Dimensions": [["Route"]],
-                    "Metrics": metrics,
-                }],
-            }),
-        );
+        let mut line = envelope(namespace, timestamp_ms, metrics);
         line.insert("Route".into(), json!(self.route));
         let values = [
             json!(1),
@@ -194,18 +183,7 @@ impl AsyncLog {
                 json!({ "Name": name, "Unit": unit })
             })
             .collect();
-        let mut line = Map::new();
-        line.insert(
-            "_aws".into(),
-            json!({
-                "Timestamp": timestamp_ms,
-                "CloudWatchMetrics": [{
-                    "Namespace": namespace,
-                    "Dimensions": [["Route"]],
-                    "Metrics": metrics,
-                }],
-            }),
-        );
+        let mut line = envelope(namespace, timestamp_ms, metrics);
         line.insert("Route".into(), json!("dispatcher"));
         for (name, value) in values {
             line.insert(name.into(), value);
@@ -237,6 +215,23 @@ impl AsyncLog {
             },
         }
     }
+}
+
+/// An EMF line's metadata: its metrics, with the route as only dimension.
+fn envelope(namespace: &str, timestamp_ms: u64, metrics: Vec<Value>) -> Map<String, Value> {
+    let mut line = Map::new();
+    line.insert(
+        "_aws".into(),
+        json!({
+            "Timestamp": timestamp_ms,
+            "CloudWatchMetrics": [{
+                "Namespace": namespace,
+                "Dimensions": [["Route"]],
+                "Metrics": metrics,
+            }],
+        }),
+    );
+    line
 }
 
 /// Milliseconds with a tenth of precision: enough for latency percentiles.

@@ -41,6 +41,7 @@ pub mod counting;
 pub mod faults;
 pub mod harness;
 pub mod history;
+pub mod receiver;
 pub mod rng;
 pub mod truth;
 pub mod workload;

@@ -13,8 +13,8 @@ use semaphore::service::Call;
 use semaphore::store::PoolStore;
 use semaphore::Limits;
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
+use semaphore_tests::receiver::{answer, read_request};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 on_both_stores!(
@@ -47,47 +47,13 @@ async fn receiver(status: u16) -> (String, Got) {
             };
             let record = record.clone();
             tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                // Headers, then Content-Length bytes of body.
-                let (head, body) = loop {
-                    let Ok(n) = stream.read(&mut chunk).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let head = text[..end].to_string();
-                        let length = head
-                            .lines()
-                            .find_map(|l| {
-                                let (name, value) = l.split_once(':')?;
-                                name.eq_ignore_ascii_case("content-length")
-                                    .then(|| value.trim().parse::<usize>().ok())?
-                            })
-                            .unwrap_or(0);
-                        if buf.len() >= end + 4 + length {
-                            break (head, buf[end + 4..end + 4 + length].to_vec());
-                        }
-                    }
-                };
-                let auth = head
-                    .lines()
-                    .find_map(|l| {
-                        let (name, value) = l.split_once(':')?;
-                        name.eq_ignore_ascii_case("authorization")
-                            .then(|| value.trim().to_string())
-                    })
-                    .unwrap_or_default();
-                let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-                record.lock().expect("lock").push((auth, body));
-                let answer = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                );
-                let _ = stream.write_all(answer.as_bytes()).await;
+                if let Some(delivered) = read_request(&mut stream).await {
+                    record
+                        .lock()
+                        .expect("lock")
+                        .push((delivered.authorization, delivered.body));
+                    answer(&mut stream, status).await;
+                }
             });
         }
     });

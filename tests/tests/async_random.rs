@@ -21,8 +21,8 @@ use semaphore::domain::TicketState;
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::Limits;
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
-use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use semaphore_tests::receiver::{answer, read_request};
+use serde_json::json;
 use tokio::net::TcpListener;
 
 on_both_stores!(workers = 4; tickets_end_once_and_holders_never_overlap);
@@ -262,9 +262,10 @@ async fn receiver(api: Arc<ApiClient>, pool: String, seen: Arc<Seen>) -> String 
             };
             let (api, pool, seen) = (api.clone(), pool.clone(), seen.clone());
             tokio::spawn(async move {
-                let Some((path, body)) = read_request(&mut stream).await else {
+                let Some(delivered) = read_request(&mut stream).await else {
                     return;
                 };
+                let (path, body) = (delivered.path, delivered.body);
                 let from = Instant::now();
                 let status = match path.trim_start_matches('/') {
                     "ok" => 200,
@@ -279,10 +280,7 @@ async fn receiver(api: Arc<ApiClient>, pool: String, seen: Arc<Seen>) -> String 
                         return;
                     }
                 };
-                let answer = format!(
-                    "HTTP/1.1 {status} X\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-                );
-                if stream.write_all(answer.as_bytes()).await.is_err() || status != 200 {
+                if !answer(&mut stream, status).await || status != 200 {
                     return;
                 }
                 let ticket = body["ticket"].as_u64().unwrap_or(u64::MAX);
@@ -306,36 +304,4 @@ async fn receiver(api: Arc<ApiClient>, pool: String, seen: Arc<Seen>) -> String 
         }
     });
     base
-}
-
-/// The path and JSON body of one HTTP request.
-async fn read_request(stream: &mut tokio::net::TcpStream) -> Option<(String, Value)> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let Some(end) = text.find("\r\n\r\n") else {
-            continue;
-        };
-        let path = text.split_whitespace().nth(1)?.to_string();
-        let length = text[..end]
-            .lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length")
-                    .then(|| value.trim().parse::<usize>().ok())?
-            })
-            .unwrap_or(0);
-        if buf.len() >= end + 4 + length {
-            return Some((
-                path,
-                serde_json::from_slice(&buf[end + 4..end + 4 + length]).ok()?,
-            ));
-        }
-    }
 }

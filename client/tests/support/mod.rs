@@ -382,63 +382,33 @@ fn respond(status: u16, body: Bytes) -> Response<Full<Bytes>> {
     response
 }
 
-/// A callback receiver on loopback (async mode): answers every POST `200`
-/// and keeps each request's `Authorization` header and JSON body.
+/// A callback receiver on loopback (async mode), on the tests' runtime:
+/// answers every POST `200` and keeps each request's `Authorization` header
+/// and JSON body.
 pub struct Receiver {
     pub url: String,
-    got: std::sync::Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>,
+    got: Arc<std::sync::Mutex<Vec<(String, serde_json::Value)>>>,
 }
 
 impl Receiver {
     pub fn start() -> Receiver {
-        use std::io::{Read, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        use semaphore_tests::receiver::{answer, read_request};
+        let listener = block(tokio::net::TcpListener::bind("127.0.0.1:0")).expect("bind");
         let url = format!("http://{}/granted", listener.local_addr().expect("addr"));
-        let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
         let record = got.clone();
-        std::thread::spawn(move || {
-            for stream in listener.incoming() {
-                let Ok(mut stream) = stream else { return };
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                let request = loop {
-                    let Ok(n) = stream.read(&mut chunk) else {
-                        break None;
-                    };
-                    if n == 0 {
-                        break None;
-                    }
-                    buf.extend_from_slice(&chunk[..n]);
-                    let text = String::from_utf8_lossy(&buf).to_string();
-                    let Some(end) = text.find("\r\n\r\n") else {
-                        continue;
-                    };
-                    let head = text[..end].to_lowercase();
-                    let length = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length:"))
-                        .and_then(|v| v.trim().parse::<usize>().ok())
-                        .unwrap_or(0);
-                    if buf.len() >= end + 4 + length {
-                        let auth = text[..end]
-                            .lines()
-                            .find_map(|l| {
-                                let (name, value) = l.split_once(':')?;
-                                name.eq_ignore_ascii_case("authorization")
-                                    .then(|| value.trim().to_string())
-                            })
-                            .unwrap_or_default();
-                        let body = serde_json::from_slice(&buf[end + 4..end + 4 + length])
-                            .unwrap_or(serde_json::Value::Null);
-                        break Some((auth, body));
-                    }
+        spawn(async move {
+            loop {
+                let Ok((mut stream, _)) = listener.accept().await else {
+                    return;
                 };
-                if let Some(request) = request {
-                    record.lock().expect("lock").push(request);
+                if let Some(delivered) = read_request(&mut stream).await {
+                    record
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((delivered.authorization, delivered.body));
+                    answer(&mut stream, 200).await;
                 }
-                let _ = stream.write_all(
-                    b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                );
             }
         });
         Receiver { url, got }
@@ -446,6 +416,6 @@ impl Receiver {
 
     /// What it has received so far.
     pub fn got(&self) -> Vec<(String, serde_json::Value)> {
-        self.got.lock().expect("lock").clone()
+        self.got.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }

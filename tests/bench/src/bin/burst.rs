@@ -24,8 +24,8 @@ use semaphore::dispatch::{Dispatcher, Local};
 use semaphore::service::{Call, Limits, Service};
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore_tests::counting::{Counters, HttpCounter};
+use semaphore_tests::receiver::{answer, read_request};
 use serde_json::{json, Value};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
 #[derive(Debug, Parser)]
@@ -149,15 +149,11 @@ async fn main() -> Result<(), String> {
                     returned.clone(),
                 );
                 tokio::spawn(async move {
-                    let Some(body) = read_body(&mut stream).await else {
+                    let Some(body) = read_request(&mut stream).await.map(|d| d.body) else {
                         return;
                     };
                     let at = Instant::now();
-                    let _ = stream
-                        .write_all(
-                            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-                        )
-                        .await;
+                    answer(&mut stream, 200).await;
                     let ticket = body["ticket"].as_u64().unwrap_or(u64::MAX);
                     let fence = body["fence"].as_u64().unwrap_or(0);
                     got.lock()
@@ -366,32 +362,4 @@ async fn call(service: &Service, method: &str, path: &str, body: Value) -> (u16,
         Err(err) => api::error_response(&err),
     };
     (response.status, response.body)
-}
-
-/// The JSON body of one HTTP request on `stream`.
-async fn read_body(stream: &mut tokio::net::TcpStream) -> Option<Value> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    loop {
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        let text = String::from_utf8_lossy(&buf).to_string();
-        let Some(end) = text.find("\r\n\r\n") else {
-            continue;
-        };
-        let length = text[..end]
-            .lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("content-length")
-                    .then(|| value.trim().parse::<usize>().ok())?
-            })
-            .unwrap_or(0);
-        if buf.len() >= end + 4 + length {
-            return serde_json::from_slice(&buf[end + 4..end + 4 + length]).ok();
-        }
-    }
 }
