@@ -29,6 +29,7 @@ on_both_stores!(
     a_grant_cut_short_is_delivered_at_the_next_step,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
+    a_ticket_of_a_lease_id_in_use_ends_cancelled,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -480,4 +481,22 @@ async fn a_raised_count_serves_waiting_tickets(backend: Backend) {
         "first in line, first served"
     );
     assert_eq!(got.lock().expect("lock").len(), 2);
+}
+
+/// An enqueue with the lease id of a lease already held: admission passes
+/// the ticket (one lease id, one grant) and it ends, never left waiting.
+async fn a_ticket_of_a_lease_id_in_use_ends_cancelled(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 2).await;
+    let held = lease();
+    let (status, _) = borrow_as(&api, &pool, &held, 30.0, 0.0).await;
+    assert_eq!(status, 200);
+    let (status, _) = enqueue(&api, &pool, &held, &url, 600.0).await;
+    assert_eq!(status, 202);
+    until_state(&api, &pool, &held, "cancelled", Duration::from_secs(5)).await;
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["in_use"], 1, "the borrow's lease stands: {state}");
+    assert!(got.lock().expect("lock").is_empty());
 }

@@ -258,6 +258,8 @@ impl Service {
         if item.state == TicketState::Cancelled {
             // Out of the queue now (admission steps over it in the backlog);
             // a slot handed to it meanwhile goes back (its holder gave up).
+            // Read again: an admission may have queued it since our read.
+            record = ctx.load_existing(&key).await?;
             let mut lost = 0u32;
             while let ReturnPlan::Return(_, update) | ReturnPlan::Cancel(update) =
                 record.pool.plan_return(digest, now_ms())
@@ -597,23 +599,32 @@ pub(super) async fn admit(
     };
     let mut lost = 0u32;
     let after = write(ctx, key, record, &update, &mut lost).await?;
-    // Tickets passed because their wait had ended now end `expired` (each
-    // once: conditioned on still waiting).
+    // Waiting tickets it passed without queueing them end now (each once:
+    // conditioned on still waiting): `expired` when their wait was over, else
+    // `cancelled` (their lease id already held a slot or waited in the queue).
     let passed = update.changes.iter().find_map(|change| match change {
         Change::SetAdmitted(admitted) => Some(*admitted),
         _ => None,
     });
+    let queued: Vec<LeaseDigest> = update
+        .changes
+        .iter()
+        .filter_map(|change| match change {
+            Change::Append(ticket) => Some(ticket.holder.digest),
+            _ => None,
+        })
+        .collect();
     if let Some(passed) = passed.filter(|p| after.pool.line().admitted >= *p) {
         for item in backlog.iter().filter(|t| {
-            t.number < passed && t.state == TicketState::Waiting && now >= t.wait_until_ms
+            t.number < passed && t.state == TicketState::Waiting && !queued.contains(&t.digest())
         }) {
-            ctx.call(tickets.set_ticket_state(
-                key,
-                item.digest(),
-                &TicketState::Waiting,
-                &TicketState::Expired,
-            ))
-            .await?;
+            let end = if now >= item.wait_until_ms {
+                TicketState::Expired
+            } else {
+                TicketState::Cancelled
+            };
+            ctx.call(tickets.set_ticket_state(key, item.digest(), &TicketState::Waiting, &end))
+                .await?;
         }
     }
     Ok(Some(after))
