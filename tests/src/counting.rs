@@ -168,6 +168,20 @@ tokio::task_local! {
 #[derive(Debug)]
 pub struct HttpCounter(pub Arc<Counters>);
 
+/// `client` with every HTTP attempt counted into `counters` (by operation
+/// and outcome: what DynamoDB bills).
+pub fn on_the_wire(
+    client: &aws_sdk_dynamodb::Client,
+    counters: Arc<Counters>,
+) -> aws_sdk_dynamodb::Client {
+    let conf = client
+        .config()
+        .to_builder()
+        .interceptor(HttpCounter(counters))
+        .build();
+    aws_sdk_dynamodb::Client::from_conf(conf)
+}
+
 /// The operation of the attempt each task has on the wire (a task makes
 /// one store call at a time): the request is gone when the attempt ends.
 fn in_flight() -> &'static Mutex<HashMap<Option<tokio::task::Id>, String>> {

@@ -12,7 +12,7 @@ use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketSt
 use semaphore::{config, Limits, Service};
 use serde_json::Value;
 
-use crate::counting::{Counters, HttpCounter};
+use crate::counting::{on_the_wire, Counters};
 
 /// The table every test shares; pools are random UUIDs, so tests never collide.
 pub const TABLE: &str = "semaphore-tests";
@@ -45,32 +45,15 @@ pub async fn dynamodb_store() -> Arc<dyn PoolStore> {
 /// A DynamoDB store whose every HTTP attempt is counted into `counters`
 /// (by operation and outcome: what DynamoDB bills).
 pub async fn dynamodb_store_on_the_wire(counters: Arc<Counters>) -> Arc<dyn PoolStore> {
-    let base = dynamodb_client().await;
-    let conf = base
-        .config()
-        .to_builder()
-        .interceptor(HttpCounter(counters))
-        .build();
-    Arc::new(DynamoDbStore::new(
-        aws_sdk_dynamodb::Client::from_conf(conf),
-        TABLE,
-    ))
+    dynamodb_stores_on_the_wire(counters).await.0
 }
 
 /// [`dynamodb_store_on_the_wire`] as both traits: its pools and its tickets.
 pub async fn dynamodb_stores_on_the_wire(
     counters: Arc<Counters>,
 ) -> (Arc<dyn PoolStore>, Arc<dyn TicketStore>) {
-    let base = dynamodb_client().await;
-    let conf = base
-        .config()
-        .to_builder()
-        .interceptor(HttpCounter(counters))
-        .build();
-    let store = Arc::new(DynamoDbStore::new(
-        aws_sdk_dynamodb::Client::from_conf(conf),
-        TABLE,
-    ));
+    let client = on_the_wire(&dynamodb_client().await, counters);
+    let store = Arc::new(DynamoDbStore::new(client, TABLE));
     (store.clone(), store)
 }
 

@@ -17,7 +17,7 @@ use semaphore::store::{
 };
 use semaphore::{config, Limits, Service};
 
-use semaphore_tests::counting::{Counters, CountingStore, HttpCounter, IN_RETURN};
+use semaphore_tests::counting::{on_the_wire, Counters, CountingStore, IN_RETURN};
 
 use crate::report::{WriteTally, DYNAMODB, MEMORY};
 
@@ -77,12 +77,7 @@ impl Backend {
         let mut inner: Arc<dyn PoolStore> = match &self.store {
             Store::DynamoDb { endpoint } => {
                 let base = config::dynamodb_client(Some(endpoint)).await;
-                let conf = base
-                    .config()
-                    .to_builder()
-                    .interceptor(HttpCounter(counters.clone()))
-                    .build();
-                let client = aws_sdk_dynamodb::Client::from_conf(conf);
+                let client = on_the_wire(&base, counters.clone());
                 Arc::new(
                     DynamoDbStore::new(client, TABLE)
                         .with_capacity_tracking(counters.reported_milli.clone()),

@@ -23,7 +23,7 @@ use semaphore::callback::{CallbackPolicy, Caller};
 use semaphore::dispatch::{Dispatcher, Local};
 use semaphore::service::{Call, Limits, Service};
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
-use semaphore_tests::counting::{Counters, HttpCounter};
+use semaphore_tests::counting::{on_the_wire, Counters};
 use semaphore_tests::receiver::{answer, read_request};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
@@ -62,36 +62,30 @@ async fn main() -> Result<(), String> {
     let local = Local::new();
     let counters = Arc::new(Counters::default());
     let capacity = Arc::new(AtomicU64::new(0));
-    let (store, tickets, name): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, &str) = match &args
-        .dynamodb
-    {
-        None => {
-            let store = Arc::new(MemoryStore::new());
-            (store.clone(), store, "in-memory")
-        }
-        Some(url) => {
-            let base = semaphore::config::dynamodb_client(Some(url)).await;
-            dynamodb::ensure_table(&base, "semaphore-burst")
-                .await
-                .map_err(|e| e.to_string())?;
-            // The dispatcher follows the table's stream, as local-api and the
-            // AWS event source do.
-            let arn = dynamodb::stream_arn(&base, "semaphore-burst")
-                .await
-                .map_err(|e| e.to_string())?;
-            semaphore::stream::follow(url, arn, local.watch()).await?;
-            let conf = base
-                .config()
-                .to_builder()
-                .interceptor(HttpCounter(counters.clone()))
-                .build();
-            let store = Arc::new(
-                DynamoDbStore::new(aws_sdk_dynamodb::Client::from_conf(conf), "semaphore-burst")
-                    .with_capacity_tracking(capacity.clone()),
-            );
-            (store.clone(), store, "DynamoDB Local")
-        }
-    };
+    let (store, tickets, name): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, &str) =
+        match &args.dynamodb {
+            None => {
+                let store = Arc::new(MemoryStore::new());
+                (store.clone(), store, "in-memory")
+            }
+            Some(url) => {
+                let base = semaphore::config::dynamodb_client(Some(url)).await;
+                dynamodb::ensure_table(&base, "semaphore-burst")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // The dispatcher follows the table's stream, as local-api and the
+                // AWS event source do.
+                let arn = dynamodb::stream_arn(&base, "semaphore-burst")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                semaphore::stream::follow(url, arn, local.watch()).await?;
+                let store = Arc::new(
+                    DynamoDbStore::new(on_the_wire(&base, counters.clone()), "semaphore-burst")
+                        .with_capacity_tracking(capacity.clone()),
+                );
+                (store.clone(), store, "DynamoDB Local")
+            }
+        };
     let policy = CallbackPolicy { allow_local: true };
     let mut service = Service::new(store.clone(), Limits::default())
         .with_tickets(tickets.clone())
