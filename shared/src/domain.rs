@@ -59,18 +59,34 @@ pub const TOMB_MS: u64 = 30_000;
 
 /// A slot handed to a waiter is answered by the waiter's next read. A
 /// grant this short can expire before that read (and its slot be reused):
-/// the write that reuses it remembers it for [`ENDED_KEEP_MS`] after its
-/// grant, so that its waiter still answers it. Longer grants are read long
-/// before they end.
+/// the write that reuses it remembers it (see [`ENDED_RING`]), so that its
+/// waiter still answers it. Longer grants are read long before they end.
 pub const SHORT_GRANT_MS: u64 = 5_000;
 
-/// How long after its grant a reused short grant is remembered.
+/// How long after its grant a reused short grant is worth remembering; an
+/// older memory is taken out by the next return or resize.
 pub const ENDED_KEEP_MS: u64 = 10_000;
+
+/// How many reused short grants a pool remembers: a ring, each grant in
+/// place `fence % ENDED_RING`. A reuse overwrites the place of a grant about
+/// `ENDED_RING` grants older, so memories never collide as conditions and
+/// never outnumber the ring, however fast short leases churn (a map by lease
+/// id grew by every reuse: 370 bytes a second, until DynamoDB refused the
+/// item). A waiter whose memory was overwritten before it read it answers
+/// `409`, as if it had not been served: its grant had ended by then anyway.
+pub const ENDED_RING: usize = 16;
 
 /// Most lease ids a pool remembers as given up at once: a flood of returns
 /// of unknown lease ids replaces the oldest, and never grows the item past
-/// a few hundred bytes.
+/// a few hundred bytes (each write that adds one is conditioned on the
+/// number stored, so racing writes cannot overshoot).
 pub const MAX_TOMBS: usize = 16;
+
+/// Most async tickets a pool lists at once (in its queue, or granted and not
+/// yet recorded by the dispatcher): admission waits while the list is full.
+/// Only admission lists, one at a time (each is conditioned on the first
+/// number not yet admitted, as read), so its read of the list is exact.
+pub const MAX_LISTED: usize = 32;
 
 /// The stored form of a lease UUID: the first 8 bytes of its SHA-256. The
 /// pool UUID, not this, is the credential (nothing is read or written
@@ -147,6 +163,11 @@ pub struct Ended {
 impl Ended {
     fn is_kept(&self, now_ms: u64) -> bool {
         now_ms < self.stamp.granted_ms.saturating_add(ENDED_KEEP_MS)
+    }
+
+    /// Its place in the ring of [`ENDED_RING`] memories.
+    pub fn place(&self) -> u8 {
+        (self.stamp.fence % ENDED_RING as u64) as u8
     }
 }
 
@@ -238,8 +259,11 @@ pub struct Pool {
     queue: Vec<Ticket>,
     /// Sorted by digest.
     tombs: Vec<Tomb>,
-    /// Sorted by digest.
+    /// Sorted by place, one per place.
     ended: Vec<Ended>,
+    /// Stored by a version that kept ended grants in a map that grew without
+    /// bound: the next write that reuses a slot, returns or resizes drops it.
+    legacy_ended: bool,
     line: Line,
 }
 
@@ -273,8 +297,10 @@ pub enum Expect {
     NoTomb(LeaseDigest),
     /// This lease id is remembered exactly so.
     TombIs(Tomb),
-    /// This ended grant is remembered exactly so.
+    /// This ended grant is remembered exactly so (in its place).
     EndedIs(Ended),
+    /// At most this many lease ids are remembered as given up.
+    TombsAtMost(usize),
     /// No ticket waits in the backlog (or the item predates async mode).
     NoBacklog,
     /// The first number not yet admitted is this.
@@ -313,8 +339,12 @@ pub enum Change {
     RemoveTicket(usize),
     SetTomb(Tomb),
     RemoveTomb(LeaseDigest),
+    /// Remembers a reused short grant in its place (overwriting the place).
     SetEnded(Ended),
-    RemoveEnded(LeaseDigest),
+    /// Forgets the ended grant in this place.
+    RemoveEnded(u8),
+    /// Drops the unbounded map of ended grants an older version stored.
+    DropLegacyEnded,
     /// Sets `count`, one resize more than as read.
     SetCount(Sizing),
     /// Appends this many free slots.
@@ -348,6 +378,31 @@ pub struct Update {
 }
 
 impl Update {
+    /// Of several changes to one place of the ring of ended grants, only
+    /// the newest grant's memory stands (DynamoDB refuses an update that
+    /// names one attribute twice): a removal of a place this update sets
+    /// goes, with its condition, and so does an older memory set there.
+    fn settle_ended(&mut self) {
+        let mut newest: Vec<Ended> = Vec::new();
+        for change in &self.changes {
+            if let Change::SetEnded(ended) = *change {
+                match newest.iter_mut().find(|e| e.place() == ended.place()) {
+                    Some(e) if e.stamp.fence < ended.stamp.fence => *e = ended,
+                    Some(_) => {}
+                    None => newest.push(ended),
+                }
+            }
+        }
+        let set = |place: u8| newest.iter().any(|e| e.place() == place);
+        self.changes.retain(|c| match *c {
+            Change::SetEnded(ended) => newest.contains(&ended),
+            Change::RemoveEnded(place) => !set(place),
+            _ => true,
+        });
+        self.expect
+            .retain(|e| !matches!(*e, Expect::EndedIs(ended) if set(ended.place())));
+    }
+
     /// Whether this update removes the slot at `position`.
     fn truncates(&self, position: u16) -> bool {
         self.changes
@@ -465,6 +520,7 @@ impl Pool {
             queue: Vec::new(),
             tombs: Vec::new(),
             ended: Vec::new(),
+            legacy_ended: false,
             line: Line::default(),
         }
     }
@@ -500,9 +556,9 @@ impl Pool {
         if tombs.windows(2).any(|w| w[0].digest == w[1].digest) {
             return Err(Inconsistent("two tombstones of one lease id"));
         }
-        ended.sort_by_key(|e| e.digest);
-        if ended.windows(2).any(|w| w[0].digest == w[1].digest) {
-            return Err(Inconsistent("two ended grants of one lease id"));
+        ended.sort_by_key(|e| e.place());
+        if ended.windows(2).any(|w| w[0].place() == w[1].place()) {
+            return Err(Inconsistent("two ended grants in one place"));
         }
         Ok(Pool {
             count,
@@ -513,8 +569,20 @@ impl Pool {
             queue,
             tombs,
             ended,
+            legacy_ended: false,
             line: Line::default(),
         })
+    }
+
+    /// The pool as stored by a version whose map of ended grants had no
+    /// bound (its entries are not read: each was worth keeping for seconds).
+    pub fn with_legacy_ended(mut self, legacy: bool) -> Self {
+        self.legacy_ended = legacy;
+        self
+    }
+
+    pub fn has_legacy_ended(&self) -> bool {
+        self.legacy_ended
     }
 
     /// The pool with its stored line, checked.
@@ -653,9 +721,19 @@ impl Pool {
             .map(|(i, t)| (i, *t))
     }
 
+    /// The latest remembered grant of this lease id.
     fn ended_of(&self, digest: LeaseDigest) -> Option<Ended> {
         self.ended
-            .binary_search_by_key(&digest, |e| e.digest)
+            .iter()
+            .filter(|e| e.digest == digest)
+            .max_by_key(|e| e.stamp.fence)
+            .copied()
+    }
+
+    /// The ended grant remembered in `place`.
+    fn ended_at(&self, place: u8) -> Option<Ended> {
+        self.ended
+            .binary_search_by_key(&place, |e| e.place())
             .ok()
             .map(|i| self.ended[i])
     }
@@ -699,6 +777,7 @@ impl Pool {
     /// handed to a waiter that may not have read it yet is remembered.
     fn reuse(&self, position: u16, now_ms: u64, update: &mut Update) {
         update.expect.push(self.slot_as_read(position));
+        self.drop_legacy(update);
         if let Some(Slot::Held { holder, stamp }) = self.slots.get(usize::from(position)) {
             let ended = Ended {
                 digest: holder.digest,
@@ -707,6 +786,7 @@ impl Pool {
             };
             if stamp.handed && holder.ttl_ms <= SHORT_GRANT_MS && ended.is_kept(now_ms) {
                 update.changes.push(Change::SetEnded(ended));
+                update.settle_ended();
             }
         }
     }
@@ -1055,6 +1135,8 @@ impl Pool {
             .filter(|t| self.async_number(t.holder.digest).is_some())
             .count();
         let room = max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS);
+        // Async tickets this admission lists.
+        let mut listing = 0;
         let from = self.line.admitted;
         let mut items = backlog.iter().filter(move |t| t.number >= from).peekable();
         while number < self.line.next {
@@ -1062,10 +1144,14 @@ impl Pool {
                 Some(item) if item.number == number => {
                     if item.is_waiting(now_ms) && !self.asks(item.digest(), now_ms) {
                         let is_async = item.callback.is_some();
-                        if admitted.len() >= room || (is_async && asyncs >= window) {
+                        let listed = self.line.asyncs.len() + listing;
+                        if admitted.len() >= room
+                            || (is_async && (asyncs >= window || listed >= MAX_LISTED))
+                        {
                             break;
                         }
                         asyncs += usize::from(is_async);
+                        listing += usize::from(is_async);
                         admitted.push(item);
                     }
                     items.next();
@@ -1187,25 +1273,55 @@ impl Pool {
         }
         match self.tomb_of(digest) {
             Some(tomb) if tomb.is_live(now_ms) => ReturnPlan::Remembered,
-            _ => {
-                let mut update = self.prune_tombs(now_ms, Some(digest));
-                let live: Vec<&Tomb> = self
-                    .tombs
-                    .iter()
-                    .filter(|t| t.is_live(now_ms) && t.digest != digest)
-                    .collect();
-                if live.len() >= MAX_TOMBS {
-                    if let Some(oldest) = live.iter().min_by_key(|t| t.until_s) {
-                        update.expect.push(Expect::TombIs(**oldest));
-                        update.changes.push(Change::RemoveTomb(oldest.digest));
-                    }
-                }
-                update.changes.push(Change::SetTomb(Tomb {
-                    digest,
-                    until_s: (now_ms + TOMB_MS).div_ceil(1000),
-                }));
-                ReturnPlan::Remember(update)
-            }
+            stale => ReturnPlan::Remember(self.remember(digest, stale, now_ms)),
+        }
+    }
+
+    /// Remembers `digest` as given up (overwriting its `stale` tombstone):
+    /// stale tombstones go, and the oldest live ones while more than
+    /// [`MAX_TOMBS`] would be left, so the write is conditioned on how many
+    /// are stored (racing writes cannot overshoot the bound).
+    fn remember(&self, digest: LeaseDigest, stale: Option<Tomb>, now_ms: u64) -> Update {
+        let mut update = self.prune_tombs(now_ms, Some(digest));
+        let mut removed = update
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::RemoveTomb(_)))
+            .count();
+        let added = usize::from(stale.is_none());
+        let mut live: Vec<&Tomb> = self
+            .tombs
+            .iter()
+            .filter(|t| t.is_live(now_ms) && t.digest != digest)
+            .collect();
+        live.sort_by_key(|t| t.until_s);
+        let left = self.tombs.len() - removed + added;
+        for oldest in live.iter().take(left.saturating_sub(MAX_TOMBS)) {
+            update.expect.push(Expect::TombIs(**oldest));
+            update.changes.push(Change::RemoveTomb(oldest.digest));
+            removed += 1;
+        }
+        update.expect.push(match stale {
+            Some(tomb) => Expect::TombIs(tomb),
+            None => Expect::NoTomb(digest),
+        });
+        // As read, this leaves `tombs - removed + added` (at most the bound,
+        // or what an item stored by an older version held, never more).
+        let bound = MAX_TOMBS.max(self.tombs.len() - removed + added);
+        update
+            .expect
+            .push(Expect::TombsAtMost(bound + removed - added));
+        update.changes.push(Change::SetTomb(Tomb {
+            digest,
+            until_s: (now_ms + TOMB_MS).div_ceil(1000),
+        }));
+        update
+    }
+
+    /// Drops the unbounded map of ended grants an older version stored.
+    fn drop_legacy(&self, update: &mut Update) {
+        if self.legacy_ended && !update.changes.contains(&Change::DropLegacyEnded) {
+            update.changes.push(Change::DropLegacyEnded);
         }
     }
 
@@ -1214,6 +1330,7 @@ impl Pool {
     /// each conditioned on being as read.
     fn prune_tombs(&self, now_ms: u64, keep: Option<LeaseDigest>) -> Update {
         let mut update = Update::default();
+        self.drop_legacy(&mut update);
         for tomb in self
             .tombs
             .iter()
@@ -1230,7 +1347,7 @@ impl Pool {
             .take(MAX_PRUNE)
         {
             update.expect.push(Expect::EndedIs(*ended));
-            update.changes.push(Change::RemoveEnded(ended.digest));
+            update.changes.push(Change::RemoveEnded(ended.place()));
         }
         update
     }
@@ -1283,6 +1400,7 @@ impl Pool {
                 }
             },
         }
+        update.settle_ended();
         update
     }
 
@@ -1408,11 +1526,12 @@ impl Pool {
                 }
                 Change::RemoveTomb(digest) => next.tombs.retain(|t| t.digest != digest),
                 Change::SetEnded(ended) => {
-                    next.ended.retain(|e| e.digest != ended.digest);
+                    next.ended.retain(|e| e.place() != ended.place());
                     next.ended.push(ended);
-                    next.ended.sort_by_key(|e| e.digest);
+                    next.ended.sort_by_key(|e| e.place());
                 }
-                Change::RemoveEnded(digest) => next.ended.retain(|e| e.digest != digest),
+                Change::RemoveEnded(place) => next.ended.retain(|e| e.place() != place),
+                Change::DropLegacyEnded => next.legacy_ended = false,
                 Change::SetCount(sizing) => {
                     next.count = sizing.count;
                     next.resizes = sizing.resizes;
@@ -1478,7 +1597,8 @@ impl Pool {
                 .all(|s| !matches!(s, Slot::Held { holder: h, .. } if *h == holder)),
             Expect::NoTomb(digest) => self.tomb_of(digest).is_none(),
             Expect::TombIs(tomb) => self.tomb_of(tomb.digest) == Some(tomb),
-            Expect::EndedIs(ended) => self.ended_of(ended.digest) == Some(ended),
+            Expect::EndedIs(ended) => self.ended_at(ended.place()) == Some(ended),
+            Expect::TombsAtMost(n) => self.tombs.len() <= n,
             Expect::NoBacklog => !self.line.has_backlog(),
             Expect::Admitted(admitted) => self.line.admitted == admitted,
             Expect::AsyncIs(digest, number) => self.async_number(digest) == Some(number),
@@ -1498,3 +1618,6 @@ pub use ticket::{Callback, TicketGrant, TicketItem, TicketState};
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod bounds_tests;

@@ -16,6 +16,7 @@ mod clock_edges;
 mod concurrency;
 mod events;
 mod fair_and_fenced;
+mod item_growth;
 mod randomized;
 mod reliability;
 mod tickets;

@@ -15,7 +15,7 @@
 //! | `q`  | L | waiting tickets in arrival order: the holder (B), as in `s` |
 //! | `w`  | L | per ticket: its give-up time in Unix seconds |
 //! | `x`  | M | lease ids given up before their borrow was seen: digest → until (s) |
-//! | `e`  | M | short grants handed to a waiter, expired and reused: digest → (fence × 10⁴ + position) × 10¹³ + grant ms |
+//! | `r0`…`r15` | B | short grants handed to a waiter, expired and reused: a ring, grant in `r{fence % 16}`: digest ‖ position ‖ grant ms ‖ fence |
 //! | `n`  | N | async mode: the next ticket number (absent until a first ticket) |
 //! | `a`  | N | async mode: the first ticket number not yet admitted to `q` (`a = n`: no backlog) |
 //! | `y`  | M | async mode: async tickets in `q`, or granted and not yet delivered: digest → ticket number |
@@ -52,7 +52,7 @@ use base64::Engine;
 use super::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use crate::domain::{
     Change, Ended, Expect, Holder, LeaseDigest, Line, Pool, Sizing, Slot, Stamp, Ticket, Tomb,
-    Update, MAX_COUNT,
+    Update, ENDED_RING, MAX_COUNT,
 };
 use crate::keys::PoolKey;
 
@@ -72,7 +72,11 @@ const STAMPS: &str = "g";
 const QUEUE: &str = "q";
 const GIVE_UP: &str = "w";
 const TOMBS: &str = "x";
-const ENDED: &str = "e";
+/// The ring of reused short grants: one attribute per place, `r0`, `r1`, …
+const ENDED: &str = "r";
+/// The map of ended grants by lease id that an older version kept (without
+/// bound): dropped by the next write that reuses a slot, returns or resizes.
+const LEGACY_ENDED: &str = "e";
 const NEXT_TICKET: &str = "n";
 const ADMITTED: &str = "a";
 const ASYNCS: &str = "y";
@@ -85,8 +89,6 @@ const STAMP_SCALE: u128 = 10_000_000_000_000;
 /// Added to the grant ms of a slot handed to a waiter (year 2128 in ms:
 /// below it, every grant ms is a real time).
 const HANDED: u64 = 5_000_000_000_000;
-/// Positions fit in four digits (`count` ≤ 1000).
-const POSITION_SCALE: u128 = 10_000;
 
 type Item = HashMap<String, AttributeValue>;
 
@@ -343,12 +345,9 @@ impl Expression {
                     )
                 }
                 Expect::EndedIs(ended) => {
-                    format!(
-                        "{} = {}",
-                        e.ended(ended.digest),
-                        e.value(ended_value(ended))
-                    )
+                    format!("{ENDED}{} = {}", ended.place(), e.value(ended_value(ended)))
                 }
+                Expect::TombsAtMost(n) => format!("size({TOMBS}) <= {}", e.value(number(n))),
                 // Items from before async mode have no counters.
                 Expect::NoBacklog => {
                     format!("(attribute_not_exists({NEXT_TICKET}) OR {ADMITTED} = {NEXT_TICKET})")
@@ -431,13 +430,16 @@ impl Expression {
                 }
                 Change::SetEnded(ended) => {
                     sets.push(format!(
-                        "{} = {}",
-                        e.ended(ended.digest),
+                        "{ENDED}{} = {}",
+                        ended.place(),
                         e.value(ended_value(ended))
                     ));
                 }
-                Change::RemoveEnded(digest) => {
-                    removes.insert(e.ended(digest));
+                Change::RemoveEnded(place) => {
+                    removes.insert(format!("{ENDED}{place}"));
+                }
+                Change::DropLegacyEnded => {
+                    removes.insert(LEGACY_ENDED.to_string());
                 }
                 Change::SetCount(sizing) => {
                     sets.push(format!("{COUNT} = {}", e.value(sizing_value(sizing))));
@@ -547,11 +549,6 @@ impl ExpressionBuilder {
     /// placeholders must not).
     fn tomb(&mut self, digest: LeaseDigest) -> String {
         format!("{TOMBS}.{}", self.digest(digest))
-    }
-
-    /// `e.#tN` for an ended grant's key.
-    fn ended(&mut self, digest: LeaseDigest) -> String {
-        format!("{ENDED}.{}", self.digest(digest))
     }
 
     /// `y.#tN` for an async ticket's key.
@@ -764,11 +761,37 @@ fn stamp_of(n: u128) -> Option<Stamp> {
     })
 }
 
-/// An ended grant (always handed) as one number: its fence and position
-/// above its grant ms.
+/// An ended grant (always handed): lease digest (8 bytes) ‖ position (2) ‖
+/// grant ms (6) ‖ relative fence (big-endian, as few bytes as it needs).
 fn ended_value(ended: Ended) -> AttributeValue {
-    let above = u128::from(ended.stamp.fence) * POSITION_SCALE + u128::from(ended.position);
-    AttributeValue::N((above * STAMP_SCALE + u128::from(ended.stamp.granted_ms)).to_string())
+    let fence = ended.stamp.fence.to_be_bytes();
+    let skip = fence.iter().take_while(|b| **b == 0).count().min(7);
+    let mut bytes = Vec::with_capacity(24);
+    bytes.extend_from_slice(&ended.digest.0);
+    bytes.extend_from_slice(&ended.position.to_be_bytes());
+    bytes.extend_from_slice(&ended.stamp.granted_ms.to_be_bytes()[2..]);
+    bytes.extend_from_slice(&fence[skip..]);
+    AttributeValue::B(Blob::new(bytes))
+}
+
+/// The ended grant [`ended_value`] stored.
+fn ended_of(bytes: &[u8]) -> Option<Ended> {
+    if !(17..=24).contains(&bytes.len()) {
+        return None;
+    }
+    let mut ms = [0u8; 8];
+    ms[2..].copy_from_slice(&bytes[10..16]);
+    let mut fence = [0u8; 8];
+    fence[24 - bytes.len()..].copy_from_slice(&bytes[16..]);
+    Some(Ended {
+        digest: LeaseDigest(bytes[..8].try_into().ok()?),
+        position: u16::from_be_bytes([bytes[8], bytes[9]]),
+        stamp: Stamp {
+            fence: u64::from_be_bytes(fence),
+            granted_ms: u64::from_be_bytes(ms),
+            handed: true,
+        },
+    })
 }
 
 fn encode(key: &PoolKey, record: &Record) -> Item {
@@ -814,16 +837,12 @@ fn encode(key: &PoolKey, record: &Record) -> Item {
                     .collect(),
             ),
         ),
-        (
-            ENDED.to_string(),
-            AttributeValue::M(
-                pool.ended()
-                    .iter()
-                    .map(|e| (digest_key(&e.digest), ended_value(*e)))
-                    .collect(),
-            ),
-        ),
     ]);
+    item.extend(
+        pool.ended()
+            .iter()
+            .map(|e| (format!("{ENDED}{}", e.place()), ended_value(*e))),
+    );
     let line = pool.line();
     if *line != Line::default() {
         if line.active {
@@ -939,22 +958,14 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
         })
         .collect::<Result<Vec<Tomb>, StoreError>>()?;
 
-    let ended = map(ENDED)?
-        .iter()
-        .map(|(key, value)| {
-            let n = big(Some(value), "ended grant")?;
-            let above = n / STAMP_SCALE;
-            let granted_ms = (n % STAMP_SCALE) as u64;
-            Ok(Ended {
-                digest: digest(key, "ended grant key")?,
-                position: u16::try_from(above % POSITION_SCALE)
-                    .map_err(|_| corrupt("ended grant"))?,
-                stamp: Stamp {
-                    fence: u64::try_from(above / POSITION_SCALE)
-                        .map_err(|_| corrupt("ended grant"))?,
-                    granted_ms,
-                    handed: true,
-                },
+    let ended = (0..ENDED_RING)
+        .filter_map(|place| {
+            let name = format!("{ENDED}{place}");
+            item.get(&name).map(|value| match value {
+                AttributeValue::B(blob) => ended_of(blob.as_ref())
+                    .filter(|e| usize::from(e.place()) == place)
+                    .ok_or_else(|| corrupt(&name)),
+                _ => Err(corrupt(&name)),
             })
         })
         .collect::<Result<Vec<Ended>, StoreError>>()?;
@@ -977,6 +988,7 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
         active: item.contains_key(ACTIVE),
     };
     let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, tombs, ended)
+        .map(|pool| pool.with_legacy_ended(item.contains_key(LEGACY_ENDED)))
         .and_then(|pool| pool.with_line(line))
         .map_err(|e| corrupt(e.0))?;
     Ok(Record { incarnation, pool })
@@ -988,29 +1000,37 @@ fn decode(item: &Item) -> Result<Record, StoreError> {
 /// For tests and the benchmark, which count what DynamoDB bills.
 #[cfg(any(test, feature = "measure"))]
 pub fn item_size(key: &PoolKey, record: &Record) -> usize {
-    fn value_size(value: &AttributeValue) -> usize {
-        match value {
-            AttributeValue::S(s) => s.len(),
-            AttributeValue::N(n) => {
-                let digits: String = n.chars().filter(char::is_ascii_digit).collect();
-                let significant = digits.trim_start_matches('0').trim_end_matches('0');
-                significant.len().div_ceil(2) + 1
-            }
-            AttributeValue::B(b) => b.as_ref().len(),
-            AttributeValue::M(m) => {
-                3 + m
-                    .iter()
-                    .map(|(k, v)| k.len() + value_size(v) + 1)
-                    .sum::<usize>()
-            }
-            AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
-            _ => 1,
-        }
-    }
-    encode(key, record)
-        .iter()
+    stored_size(&encode(key, record))
+}
+
+/// [`item_size`] of an item as stored (as `GetItem` returns it).
+#[cfg(any(test, feature = "measure"))]
+pub fn stored_size(item: &HashMap<String, AttributeValue>) -> usize {
+    item.iter()
         .map(|(name, value)| name.len() + value_size(value))
         .sum()
+}
+
+/// One attribute value's size, by DynamoDB's rules.
+#[cfg(any(test, feature = "measure"))]
+fn value_size(value: &AttributeValue) -> usize {
+    match value {
+        AttributeValue::S(s) => s.len(),
+        AttributeValue::N(n) => {
+            let digits: String = n.chars().filter(char::is_ascii_digit).collect();
+            let significant = digits.trim_start_matches('0').trim_end_matches('0');
+            significant.len().div_ceil(2) + 1
+        }
+        AttributeValue::B(b) => b.as_ref().len(),
+        AttributeValue::M(m) => {
+            3 + m
+                .iter()
+                .map(|(k, v)| k.len() + value_size(v) + 1)
+                .sum::<usize>()
+        }
+        AttributeValue::L(l) => 3 + l.iter().map(|v| value_size(v) + 1).sum::<usize>(),
+        _ => 1,
+    }
 }
 
 mod tickets;

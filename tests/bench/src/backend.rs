@@ -235,6 +235,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::NoTomb(_) => "lost: NoTomb",
         Expect::TombIs(_) => "lost: TombIs",
         Expect::EndedIs(_) => "lost: EndedIs",
+        Expect::TombsAtMost(_) => "lost: TombsAtMost",
         Expect::NoBacklog => "lost: NoBacklog",
         Expect::Admitted(_) => "lost: Admitted",
         Expect::AsyncIs(..) => "lost: AsyncIs",

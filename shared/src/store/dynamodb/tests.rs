@@ -254,6 +254,26 @@ fn every_write() -> Vec<(&'static str, Update)> {
         panic!()
     };
     writes.push(("waiters hand several free slots on at once", update));
+    // A short grant handed to a waiter, expired unread: the hand-off that
+    // reuses its slot remembers it in the ring.
+    let mut pool = churned_pool(1);
+    let joined = now + 1_500;
+    let BorrowPlan::Join(update) = pool.plan_borrow(holder(2, 1_000), joined + 20_000, joined, 100)
+    else {
+        panic!()
+    };
+    pool = pool.apply(&update).unwrap();
+    let WaitPlan::Waiting {
+        duty: Some(update), ..
+    } = pool.plan_wait(&holder(2, 1_000), joined, joined + 1_500)
+    else {
+        panic!()
+    };
+    assert!(update
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::SetEnded(_))));
+    writes.push(("a hand-off that reuses a short grant's slot", update));
     writes
 }
 
@@ -279,4 +299,238 @@ fn the_design_document_shows_every_write() {
         "not in docs/DESIGN.md:\n{}",
         missing.join("\n")
     );
+}
+
+/// A pool whose short grants were handed on, expired and reused: the ring of
+/// memories they leave (one per place, however many churn).
+fn churned_pool(grants: u16) -> Pool {
+    let mut pool = Pool::new(1, NOW * 1000);
+    let mut now = NOW;
+    // Waiters take turns on the one slot, each handed a 1-s grant that
+    // expires and is reused by the next hand-off.
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(0, 1_000), now, now, 100) else {
+        panic!()
+    };
+    pool = pool.apply(&update).unwrap();
+    for n in 1..=grants {
+        let BorrowPlan::Join(join) = pool.plan_borrow(holder(n, 1_000), now + 20_000, now, 100)
+        else {
+            panic!("join {n}")
+        };
+        pool = pool.apply(&join).unwrap();
+        now += 1_500;
+        let crate::domain::WaitPlan::Waiting {
+            duty: Some(update), ..
+        } = pool.plan_wait(&holder(n, 1_000), now - 1_500, now)
+        else {
+            panic!("hand-off {n}")
+        };
+        pool = pool.apply(&update).unwrap();
+    }
+    pool
+}
+
+#[test]
+fn ended_grants_round_trip_in_their_ring() {
+    let key = PoolKey([7; 16]);
+    let pool = churned_pool(40);
+    assert_eq!(pool.ended().len(), crate::domain::ENDED_RING);
+    let record = Record {
+        incarnation: 3,
+        pool,
+    };
+    let item = encode(&key, &record);
+    assert!(item.contains_key("r0") && item.contains_key("r15") && !item.contains_key("r16"));
+    assert_eq!(decode(&item).unwrap(), record);
+    // A memory stored in the wrong place, or cut short, is corrupt.
+    let mut wrong = item.clone();
+    wrong.insert("r1".into(), item["r0"].clone());
+    assert_eq!(decode(&wrong).unwrap_err().kind, StoreErrorKind::Corrupt);
+    let mut short = item;
+    short.insert("r0".into(), AttributeValue::B(Blob::new(vec![1; 9])));
+    assert_eq!(decode(&short).unwrap_err().kind, StoreErrorKind::Corrupt);
+}
+
+/// An item stored before the ring carries the map `e` that grew without
+/// bound: it is not read, and the next write that reuses a slot drops it.
+#[test]
+fn the_unbounded_map_of_older_items_is_dropped_by_the_next_reuse() {
+    let key = PoolKey([7; 16]);
+    let mut item = encode(&key, &full_pool(2, 0, 0));
+    let entries = (0..1000u16)
+        .map(|n| (digest_key(&holder(n, 1).digest), number(n)))
+        .collect();
+    item.insert(LEGACY_ENDED.into(), AttributeValue::M(entries));
+    let pool = decode(&item).unwrap().pool;
+    assert!(pool.has_legacy_ended());
+    let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 30_000).digest, NOW + 1) else {
+        panic!()
+    };
+    let e = Expression::of(7, &update);
+    assert!(e.update.ends_with("REMOVE e"), "{}", e.update);
+    assert!(!pool.apply(&update).unwrap().has_legacy_ended());
+}
+
+/// The largest pool item the bounds allow (docs/DESIGN.md, "Every attribute
+/// has a bound"): count 1,000 fully held and `MAX_WAITERS` 1,000 waiting,
+/// every lease at the longest ttl, fences and ticket numbers a trillion
+/// grants old, every given-up id, ring place and async listing in use.
+#[test]
+fn the_largest_item_fits() {
+    use crate::config::{TTL_SECONDS, WAITERS};
+    use crate::domain::{ENDED_RING, MAX_LISTED, MAX_TOMBS};
+    const OLD: u64 = 1_000_000_000_000;
+    let key = PoolKey([7; 16]);
+    let ttl_ms = (TTL_SECONDS.1 * 1000.0) as u64;
+    let big = |n: u64| {
+        let mut d = [0xff; 8];
+        d[..4].copy_from_slice(&(n as u32).to_be_bytes());
+        Holder {
+            digest: LeaseDigest(d),
+            ttl_ms,
+        }
+    };
+    let slots = (0..u64::from(MAX_COUNT))
+        .map(|n| Slot::Held {
+            holder: big(n),
+            stamp: Stamp {
+                fence: OLD + n,
+                granted_ms: NOW,
+                handed: true,
+            },
+        })
+        .collect();
+    let queue = (0..WAITERS.1)
+        .map(|n| Ticket {
+            holder: big(10_000 + n),
+            give_up_s: NOW / 1000 + 600_000,
+        })
+        .collect();
+    let tombs = (0..MAX_TOMBS as u64)
+        .map(|n| Tomb {
+            digest: big(20_000 + n).digest,
+            until_s: NOW / 1000 + 30,
+        })
+        .collect();
+    let ended = (0..ENDED_RING as u64)
+        .map(|n| Ended {
+            digest: big(30_000 + n).digest,
+            position: 999,
+            stamp: Stamp {
+                fence: OLD + MAX_COUNT as u64 + n,
+                granted_ms: NOW,
+                handed: true,
+            },
+        })
+        .collect();
+    let line = Line {
+        next: OLD,
+        admitted: OLD - 1,
+        asyncs: (0..MAX_LISTED as u64)
+            .map(|n| (big(40_000 + n).digest, OLD - 1 - n))
+            .collect(),
+        active: true,
+    };
+    let pool = Pool::from_parts(
+        Sizing {
+            count: MAX_COUNT,
+            resizes: OLD,
+        },
+        NOW * 1000,
+        OLD + 2 * u64::from(MAX_COUNT),
+        slots,
+        queue,
+        tombs,
+        ended,
+    )
+    .and_then(|pool| pool.with_line(line))
+    .unwrap();
+    let mut item = encode(
+        &key,
+        &Record {
+            incarnation: u64::MAX,
+            pool,
+        },
+    );
+    // The dispatcher's pending wake (functions/dispatcher), in Unix ms.
+    item.insert("wk".into(), number(NOW));
+    let mut by_attribute: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (name, value) in &item {
+        let group = match name.as_str() {
+            "s" | "g" => "s, g (slots)",
+            "q" | "w" => "q, w (queue)",
+            "x" => "x (given-up ids)",
+            n if n.starts_with(ENDED) => "r0..r15 (ring)",
+            "y" => "y (async listings)",
+            _ => "the rest",
+        };
+        *by_attribute.entry(group).or_default() +=
+            stored_size(&HashMap::from([(name.clone(), value.clone())]));
+    }
+    let total = stored_size(&item);
+    for (group, bytes) in &by_attribute {
+        println!("{group}: {bytes} B");
+    }
+    println!("the largest item: {total} B");
+    assert!(total < 400 * 1024, "{total} bytes");
+    // What grows with use, apart from the slots and the queue, stays small.
+    let small: usize = ["x (given-up ids)", "r0..r15 (ring)", "y (async listings)"]
+        .iter()
+        .map(|g| by_attribute[g])
+        .sum();
+    assert!(small <= 2 * 1024, "{small} bytes in x, r and y");
+}
+
+/// A return that takes out a stale memory of the ring and hands on a slot
+/// whose short grant expired unread, remembered in the same place: one
+/// write names that place once (DynamoDB refuses a path named twice).
+#[test]
+fn a_write_names_each_place_of_the_ring_once() {
+    let now = NOW;
+    let held = |who: u16, ttl_ms: u64, fence: u64, granted_ms: u64, handed: bool| Slot::Held {
+        holder: holder(who, ttl_ms),
+        stamp: Stamp {
+            fence,
+            granted_ms,
+            handed,
+        },
+    };
+    let stale = Ended {
+        digest: holder(3, 1_000).digest,
+        position: 0,
+        stamp: Stamp {
+            fence: 2,
+            granted_ms: now - 60_000,
+            handed: true,
+        },
+    };
+    let pool = Pool::from_parts(
+        Sizing {
+            count: 2,
+            resizes: 0,
+        },
+        now * 1000,
+        40,
+        vec![
+            // Fence 18: place 2, as the stale memory's fence 2.
+            held(1, 1_000, 18, now - 3_000, true),
+            held(2, 60_000, 35, now - 1_000, false),
+        ],
+        vec![Ticket {
+            holder: holder(4, 1_000),
+            give_up_s: now / 1000 + 20,
+        }],
+        Vec::new(),
+        vec![stale],
+    )
+    .unwrap();
+    let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 60_000).digest, now) else {
+        panic!()
+    };
+    let e = Expression::of(7, &update);
+    assert_eq!(e.update.matches("r2").count(), 1, "{}", e.update);
+    assert!(!e.condition.contains("r2"), "{}", e.condition);
+    let after = pool.apply(&update).unwrap();
+    assert_eq!(after.ended().len(), 1);
+    assert_eq!(after.ended()[0].digest, holder(1, 1_000).digest);
 }
