@@ -1,0 +1,258 @@
+//! Async mode's line: ticket numbers, admission from the backlog,
+//! listing, settling.
+
+use super::{Change, Expect, Holder, Lease, LeaseDigest, Pool, Ticket, TicketItem, Update};
+
+/// Most backlog tickets one admission appends (the expression limit again).
+pub const MAX_ADMITS: usize = 16;
+
+/// A ticket number with no ticket item is passed by admission once a ticket
+/// numbered after it was written this long ago: longer than any request
+/// lives behind API Gateway (30 s), so the missing write has landed or never
+/// will.
+pub const GAP_MS: u64 = 60_000;
+
+/// Most async tickets a pool lists at once (in its queue, or granted and not
+/// yet recorded by the dispatcher): admission waits while the list is full.
+/// Only admission lists, one at a time (each is conditioned on the first
+/// number not yet admitted, as read), so its read of the list is exact.
+pub const MAX_LISTED: usize = 32;
+
+impl Pool {
+    /// Takes the next ticket number: an async ticket's, or a borrower's that
+    /// waits in the backlog. No condition: numbers never collide.
+    pub fn plan_number() -> Update {
+        Update {
+            expect: Vec::new(),
+            changes: vec![Change::NumberTicket],
+        }
+    }
+
+    /// How many backlog tickets an admission may append now: none without a
+    /// backlog, none while more than half of `window` async tickets wait in
+    /// the queue (so that admissions come in batches: one backlog read and
+    /// one write per half window, not per ticket), else the room left in the
+    /// queue (at most [`MAX_ADMITS`]).
+    pub fn admission_room(&self, max_waiters: usize, window: usize) -> usize {
+        if !self.line.has_backlog() {
+            return 0;
+        }
+        let asyncs = self
+            .queue
+            .iter()
+            .filter(|t| self.async_number(t.holder.digest).is_some())
+            .count();
+        if asyncs > window / 2 {
+            return 0;
+        }
+        max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS)
+    }
+
+    /// Admission: appends the backlog's next waiting tickets to the queue in
+    /// number order and moves `admitted` past them (and past tickets that
+    /// ended, and numbers no ticket will come for), in one write conditioned
+    /// on `admitted` as read. `backlog`: the ticket items numbered from
+    /// `admitted` as read, in order (of this pool's incarnation). At most
+    /// `window` async tickets wait in the queue, and at most `max_waiters`
+    /// tickets in all. `None` when nothing is to be admitted.
+    pub fn plan_admit(
+        &self,
+        backlog: &[TicketItem],
+        now_ms: u64,
+        max_waiters: usize,
+        window: usize,
+    ) -> Option<Update> {
+        let mut number = self.line.admitted;
+        let mut admitted: Vec<&TicketItem> = Vec::new();
+        let mut asyncs = self
+            .queue
+            .iter()
+            .filter(|t| self.async_number(t.holder.digest).is_some())
+            .count();
+        let room = max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS);
+        // Async tickets this admission lists.
+        let mut listing = 0;
+        let from = self.line.admitted;
+        let mut items = backlog.iter().filter(move |t| t.number >= from).peekable();
+        while number < self.line.next {
+            match items.peek() {
+                Some(item) if item.number == number => {
+                    if item.is_waiting(now_ms) && !self.asks(item.digest(), now_ms) {
+                        let is_async = item.callback.is_some();
+                        let listed = self.line.asyncs.len() + listing;
+                        if admitted.len() >= room
+                            || (is_async && (asyncs >= window || listed >= MAX_LISTED))
+                        {
+                            break;
+                        }
+                        asyncs += usize::from(is_async);
+                        listing += usize::from(is_async);
+                        admitted.push(item);
+                    }
+                    items.next();
+                    number += 1;
+                }
+                // A number taken, its ticket not (yet) written: passed only
+                // once a ticket numbered after it was written more than
+                // GAP_MS ago (so this number's write has landed or never
+                // will: no request lives that long).
+                next => {
+                    if next.is_some_and(|later| later.joined_ms.saturating_add(GAP_MS) <= now_ms) {
+                        number += 1;
+                    } else {
+                        break;
+                    }
+                }
+            }
+        }
+        if number == self.line.admitted {
+            return None;
+        }
+        let mut update = Update::default();
+        update.expect.push(Expect::Admitted(self.line.admitted));
+        if !admitted.is_empty() {
+            update
+                .expect
+                .push(Expect::QueueBelow(max_waiters + 1 - admitted.len()));
+        }
+        for item in admitted {
+            update.expect.push(Expect::NotQueued(item.holder));
+            update.changes.push(Change::Append(Ticket {
+                holder: item.holder,
+                give_up_s: item.wait_until_ms.div_ceil(1000),
+            }));
+            if item.callback.is_some() {
+                update
+                    .changes
+                    .push(Change::SetAsync(item.digest(), item.number));
+            }
+        }
+        update.changes.push(Change::SetAdmitted(number));
+        Some(update)
+    }
+
+    /// The grant handed to `holder` (an async ticket's): its slot, held
+    /// or (a short grant, expired and its slot reused) remembered.
+    pub fn grant_of(&self, holder: &Holder) -> Option<Lease> {
+        if let Some(lease) = self.lease_of(holder.digest) {
+            return Some(lease);
+        }
+        self.ended_of(holder.digest).map(|e| Lease {
+            digest: holder.digest,
+            position: e.position,
+            ttl_ms: holder.ttl_ms,
+            granted_ms: e.stamp.granted_ms,
+            expires_at_ms: e.stamp.granted_ms.saturating_add(holder.ttl_ms),
+            fence: self.base_us.saturating_add(e.stamp.fence),
+        })
+    }
+
+    /// Unlists an async ticket (its grant recorded, or it left the queue),
+    /// conditioned on its listing.
+    pub fn plan_unlist(&self, digest: LeaseDigest) -> Option<Update> {
+        let number = self.async_number(digest)?;
+        Some(Update {
+            expect: vec![Expect::AsyncIs(digest, number)],
+            changes: vec![Change::RemoveAsync(digest)],
+        })
+    }
+
+    /// Clears the async-work flag of a pool left with no backlog and no async
+    /// ticket (conditioned on that), so its writes stop invoking the
+    /// dispatcher; `None` when there is nothing to clear.
+    pub fn plan_settle(&self) -> Option<Update> {
+        (self.line.active && self.line.is_settled()).then(|| Update {
+            expect: vec![Expect::Settled],
+            changes: vec![Change::Settle],
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::super::{BorrowPlan, TicketState};
+    use super::*;
+
+    #[test]
+    fn a_backlog_sends_newcomers_to_it_and_is_admitted_in_number_order() {
+        let now = 1_000_000;
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 60_000, now);
+        number(&mut pool, 3);
+        assert!(pool.line().has_backlog());
+        // Nobody takes or joins ahead of the backlog.
+        assert_eq!(
+            pool.plan_borrow(h(9, 1_000), now + 5_000, now, WAITERS),
+            BorrowPlan::Backlog
+        );
+        // Ticket 1 ended (cancelled) before admission: stepped over.
+        let mut cancelled = backlog_item(3, 1, now, true);
+        cancelled.state = TicketState::Cancelled;
+        let backlog = [
+            backlog_item(2, 0, now, true),
+            cancelled,
+            backlog_item(4, 2, now, false),
+        ];
+        let update = pool.plan_admit(&backlog, now, WAITERS, 32).expect("admits");
+        // Planned against an old `admitted`, it fails once another admission landed.
+        let admitted = pool.apply(&update).expect("holds");
+        assert!(admitted.apply(&update).is_err(), "admits once");
+        pool = admitted;
+        let queued: Vec<LeaseDigest> = pool.queue().iter().map(|t| t.holder.digest).collect();
+        assert_eq!(queued, [d(2), d(4)]);
+        assert_eq!(pool.async_number(d(2)), Some(0));
+        assert_eq!(pool.async_number(d(4)), None, "a sync ticket is not listed");
+        assert!(!pool.line().has_backlog());
+        // A return hands the slot to the first admitted ticket, the async one.
+        assert!(give_back(&mut pool, 1, now));
+        assert_eq!(pool.grant_of(&h(2, 1_000)).map(|l| l.position), Some(0));
+        let unlist = pool.plan_unlist(d(2)).expect("listed");
+        pool = pool.apply(&unlist).expect("holds");
+        assert_eq!(pool.async_number(d(2)), None);
+    }
+
+    #[test]
+    fn admission_waits_for_a_missing_number_until_a_later_ticket_is_old() {
+        let now = 1_000_000;
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 60_000, now);
+        number(&mut pool, 2);
+        // Number 0 was taken, its ticket not (yet) written; 1 is there.
+        let backlog = [backlog_item(2, 1, now, true)];
+        assert_eq!(
+            pool.plan_admit(&backlog, now + GAP_MS - 1, WAITERS, 32),
+            None,
+            "waits for 0"
+        );
+        let update = pool
+            .plan_admit(&backlog, now + GAP_MS, WAITERS, 32)
+            .expect("passes 0 once 1 is old");
+        pool = pool.apply(&update).expect("holds");
+        assert_eq!(pool.queue().len(), 1);
+        assert_eq!(pool.line().admitted, 2);
+    }
+
+    #[test]
+    fn admission_keeps_to_the_window_and_the_queue_bound() {
+        let now = 1_000_000;
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 60_000, now);
+        number(&mut pool, 5);
+        let backlog: Vec<TicketItem> = (0..5u8)
+            .map(|i| backlog_item(10 + i, u64::from(i), now, true))
+            .collect();
+        let update = pool.plan_admit(&backlog, now, WAITERS, 2).expect("admits");
+        pool = pool.apply(&update).expect("holds");
+        assert_eq!(pool.queue().len(), 2, "two async tickets at once");
+        assert_eq!(pool.line().admitted, 2);
+        assert_eq!(
+            pool.plan_admit(&backlog[2..], now, WAITERS, 2),
+            None,
+            "window full"
+        );
+        let update = pool.plan_admit(&backlog[2..], now, 3, 32).expect("admits");
+        pool = pool.apply(&update).expect("holds");
+        assert_eq!(pool.queue().len(), 3, "no more than max_waiters");
+    }
+}

@@ -1,0 +1,291 @@
+//! Randomized races of plans against the promises of API.md.
+
+use super::test_support::*;
+use super::*;
+use proptest::prelude::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// A newcomer plans a borrow (holder `who`).
+    Borrow {
+        who: u8,
+        wait: u64,
+    },
+    /// A waiter reads and plans its duty.
+    Read {
+        which: usize,
+    },
+    /// A waiter gives up (plans its cancel).
+    GiveUp {
+        which: usize,
+    },
+    /// A holder (or a stranger) returns a lease id.
+    Return {
+        who: u8,
+    },
+    Resize {
+        count: u16,
+    },
+    /// One planned write lands (or fails its conditions).
+    Land {
+        which: usize,
+    },
+    Advance {
+        ms: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..24, 0u64..400).prop_map(|(who, wait)| Op::Borrow { who, wait }),
+        4 => any::<usize>().prop_map(|which| Op::Read { which }),
+        1 => any::<usize>().prop_map(|which| Op::GiveUp { which }),
+        3 => (0u8..24).prop_map(|who| Op::Return { who }),
+        1 => (0u16..5).prop_map(|count| Op::Resize { count }),
+        8 => any::<usize>().prop_map(|which| Op::Land { which }),
+        3 => (0u64..60).prop_map(|ms| Op::Advance { ms }),
+    ]
+}
+
+/// What one landed update may do: checked `prev` → `next` at `now`.
+fn check_landed(prev: &Pool, next: &Pool, update: &Update, now: u64) -> Result<(), TestCaseError> {
+    let rebuilt = Pool::from_parts(
+        next.sizing(),
+        next.base_us,
+        next.next_fence,
+        next.slots.clone(),
+        next.queue.clone(),
+        next.tombs.clone(),
+        next.ended.clone(),
+    );
+    prop_assert!(rebuilt.is_ok(), "invariants broken: {:?}", rebuilt);
+    let old: Vec<u64> = prev.leases().iter().map(|l| l.fence).collect();
+    let mut granted: Vec<Lease> = next
+        .leases()
+        .into_iter()
+        .filter(|l| !old.contains(&l.fence))
+        .collect();
+    granted.sort_by_key(|l| l.fence);
+    let served: Vec<LeaseDigest> = granted.iter().map(|l| l.digest).collect();
+    // Several grants in one write: to tickets in queue order, on rising
+    // positions, with the next fences.
+    for (nth, pair) in granted.windows(2).enumerate() {
+        prop_assert!(
+            pair[0].position < pair[1].position,
+            "lowest first: {granted:?}"
+        );
+        prop_assert_eq!(pair[1].fence, pair[0].fence + 1);
+        let index = |d: LeaseDigest| prev.queue.iter().position(|t| t.holder.digest == d);
+        prop_assert!(
+            matches!((index(pair[0].digest), index(pair[1].digest)), (Some(a), Some(b)) if a < b),
+            "grant {} of one write out of queue order: {granted:?}",
+            nth + 1
+        );
+    }
+    for lease in &granted {
+        prop_assert!(
+            lease.fence > prev.base_us + prev.next_fence - 1,
+            "fences only grow"
+        );
+        prop_assert!(lease.position < next.count, "position within count");
+        // A live lease's position is granted only by its own return.
+        if let Some(held) = prev
+            .lease_at(usize::from(lease.position))
+            .filter(|l| l.is_live(now))
+        {
+            let own_return = update.expect.iter().any(|e| {
+                matches!(*e,
+                Expect::SlotStamp { position, stamp } if position == held.position
+                    && prev.base_us + stamp.fence == held.fence)
+            });
+            prop_assert!(own_return, "granted a position a live lease held");
+        }
+        prop_assert!(
+            next.in_use(now) <= u32::from(next.count),
+            "over-issue: {:?}\n{:?}\n{:?}\nnow {}",
+            prev,
+            update,
+            next,
+            now
+        );
+        // FIFO: no live ticket was ahead of the one served (dead ones the
+        // write expects may be), and a newcomer took only a slot beyond
+        // those the live tickets are owed.
+        match prev
+            .queue
+            .iter()
+            .position(|t| t.holder.digest == lease.digest)
+        {
+            Some(index) => prop_assert!(
+                prev.queue[..index]
+                    .iter()
+                    .all(|t| !t.is_live(now) || served.contains(&t.holder.digest)),
+                "served out of turn: {:?} ahead of {:?}",
+                &prev.queue[..index],
+                lease
+            ),
+            None => prop_assert!(
+                prev.waiting(now) < prev.free_positions(now).len(),
+                "a newcomer took a slot owed to a waiter"
+            ),
+        }
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    #[test]
+    fn racing_plans_never_break_the_pools_promises(
+        initial in 0u16..4,
+        ops in proptest::collection::vec(op(), 1..200),
+    ) {
+        let mut now = 1_000u64;
+        let mut pool = Pool::new(initial, now * 1000);
+        // Planned writes not yet landed, each with the time it was planned.
+        let mut in_flight: Vec<(Update, u64)> = Vec::new();
+        // Tickets of waiters that joined: (holder, joined at).
+        let mut waiters: Vec<(Holder, u64)> = Vec::new();
+        for op in ops {
+            match op {
+                Op::Borrow { who, wait } => {
+                    let holder = h(who, 50 + u64::from(who) * 7);
+                    match pool.plan_borrow(holder, now + wait, now, 6) {
+                        BorrowPlan::Take { update, position } => {
+                            prop_assert_eq!(Some(position), pool.free_positions(now).first().copied());
+                            in_flight.push((update, now));
+                        }
+                        BorrowPlan::Join(update) => {
+                            in_flight.push((update, now));
+                            waiters.push((holder, now));
+                        }
+                        BorrowPlan::Prune(update) => in_flight.push((update, now)),
+                        BorrowPlan::Held(lease) => prop_assert!(lease.is_live(now)),
+                        BorrowPlan::Queued(_) | BorrowPlan::Cancelled | BorrowPlan::Full => {}
+                        BorrowPlan::Backlog => prop_assert!(false, "no backlog without tickets"),
+                    }
+                }
+                Op::Read { which } => {
+                    if let Some((holder, joined)) = waiters.get(which % waiters.len().max(1)).copied() {
+                        match pool.plan_wait(&holder, joined, now) {
+                            WaitPlan::Waiting { duty: Some(update), .. } => in_flight.push((update, now)),
+                            WaitPlan::Waiting { needed: 0, duty: None, .. } => {
+                                if let Some(update) = pool.plan_prune(now) {
+                                    in_flight.push((update, now));
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                Op::GiveUp { which } => {
+                    if let Some((holder, _)) = waiters.get(which % waiters.len().max(1)).copied() {
+                        if let Some(update) = pool.plan_cancel(&holder) {
+                            in_flight.push((update, now));
+                        }
+                    }
+                }
+                Op::Return { who } => match pool.plan_return(d(who), now) {
+                    ReturnPlan::Return(lease, update) => {
+                        prop_assert!(lease.is_live(now));
+                        in_flight.push((update, now));
+                    }
+                    ReturnPlan::Cancel(update) | ReturnPlan::Remember(update) => {
+                        in_flight.push((update, now))
+                    }
+                    ReturnPlan::Expired(lease) => prop_assert!(!lease.is_live(now)),
+                    ReturnPlan::Remembered => {}
+                },
+                Op::Resize { count } => {
+                    if let Some(update) = pool.plan_resize(count, now) {
+                        prop_assert!(pool.apply(&update).is_ok(), "a fresh resize holds");
+                        in_flight.push((update, now));
+                    }
+                }
+                Op::Land { which } => {
+                    if !in_flight.is_empty() {
+                        let (update, _) = in_flight.remove(which % in_flight.len());
+                        if let Ok(next) = pool.apply(&update) {
+                            check_landed(&pool, &next, &update, now)?;
+                            if update.changes.iter().any(|c| matches!(c, Change::SetCount(_))) {
+                                prop_assert_eq!(next.in_use(now), pool.in_use(now), "resize never revokes");
+                            }
+                            pool = next;
+                        }
+                    }
+                }
+                Op::Advance { ms } => now += ms,
+            }
+            let state = pool.state(now);
+            prop_assert_eq!(state.available, u32::from(state.count).saturating_sub(state.in_use));
+            prop_assert!(pool.slots.len() >= usize::from(pool.count));
+        }
+    }
+
+    /// From any state, newcomers at one instant get exactly the free
+    /// capacity, on the free positions in ascending order.
+    #[test]
+    fn a_pool_grants_exactly_its_free_capacity(
+        count in 1u16..8,
+        ttls in proptest::collection::vec(1u64..100, 0..10),
+        shrink_to in 0u16..8,
+        grow in 0u16..4,
+        now in 0u64..120,
+    ) {
+        let mut pool = Pool::new(count, 0);
+        for (i, ttl) in ttls.into_iter().enumerate() {
+            borrow(&mut pool, i as u8, ttl, 0);
+        }
+        for resize in [shrink_to, shrink_to + grow] {
+            if let Some(update) = pool.plan_resize(resize, 0) {
+                pool = pool.apply(&update).unwrap();
+            }
+        }
+        if let Some(at) = pool.nth_expiry(1, now) {
+            prop_assert!(at > now && pool.in_use(at) < pool.in_use(now));
+        }
+        let free = pool.free_positions(now);
+        let mut granted = Vec::new();
+        for i in 0..usize::from(pool.count) + 2 {
+            match borrow(&mut pool, 100 + i as u8, 10, now) {
+                Some(position) => granted.push(position),
+                None => break,
+            }
+        }
+        prop_assert_eq!(&granted, &free);
+        prop_assert_eq!(pool.state(now).available, 0);
+    }
+
+    /// A return that lands frees exactly its lease, whatever landed
+    /// before it; one that does not land changes nothing.
+    #[test]
+    fn returns_touch_only_their_own_lease(
+        count in 1u16..5,
+        others in proptest::collection::vec(0u8..20, 0..6),
+        waiting in 0u8..3,
+    ) {
+        let now = 5;
+        let mut pool = Pool::new(count, 0);
+        prop_assume!(borrow(&mut pool, 200, 100, now).is_some());
+        let ReturnPlan::Return(_, give_back) = pool.plan_return(d(200), now) else {
+            panic!()
+        };
+        for who in others {
+            borrow(&mut pool, who, 100, now);
+        }
+        // Fill the pool first, so that they wait.
+        let mut filler = 100;
+        while waiting > 0 && borrow(&mut pool, filler, 100, now).is_some() {
+            filler += 1;
+        }
+        for n in 0..waiting {
+            join(&mut pool, 150 + n, 100, 60_000, now);
+        }
+        let after = pool.apply(&give_back).expect("a return never conflicts with other slots or tickets");
+        prop_assert!(after.live_lease(d(200), now).is_none());
+        // Planned while nobody waited, it frees the slot (a joiner
+        // then hands it to itself on its next read).
+        prop_assert_eq!(after.in_use(now), pool.in_use(now) - 1);
+    }
+}

@@ -1,0 +1,160 @@
+//! A new count: extend the slots, or trim free ones past it.
+
+use super::{Change, Expect, Pool, Sizing, Slot, Update, MAX_PRUNE};
+
+impl Pool {
+    /// Removes free slots from the end of the list past `count` (up to
+    /// [`MAX_PRUNE`]), each conditioned on being free, and the count as read.
+    pub(super) fn trim(&self, count: u16) -> Option<Update> {
+        let len = self.slots.len();
+        let keep = usize::from(count).max(
+            self.slots
+                .iter()
+                .rposition(|s| *s != Slot::Free)
+                .map_or(0, |p| p + 1),
+        );
+        if keep >= len {
+            return None;
+        }
+        let from = keep.max(len.saturating_sub(MAX_PRUNE));
+        let mut update = Update::default();
+        // A resize landing first may need these slots.
+        update.expect.push(Expect::Count(self.sizing()));
+        update.expect.push(Expect::SlotsLen(len));
+        for p in from..len {
+            update.expect.push(Expect::SlotFree(p as u16));
+        }
+        update.changes.push(Change::Truncate { from, len });
+        Some(update)
+    }
+
+    /// Sets `count`, keeping every lease (a shrink only withholds new
+    /// borrows), growing the slot list to it or trimming free slots past it.
+    /// Waiters see a raise on their next read and hand its slots to the head.
+    /// `None` when nothing needs writing.
+    pub fn plan_resize(&self, count: u16, now_ms: u64) -> Option<Update> {
+        let len = self.slots.len();
+        let mut update = self.prune_tombs(now_ms, None);
+        if self.count != count {
+            // Conditioned on the count as read: resizes go one at a time.
+            update.expect.push(Expect::Count(self.sizing()));
+            update.changes.push(Change::SetCount(Sizing {
+                count,
+                resizes: self.resizes + 1,
+            }));
+        }
+        if usize::from(count) > len {
+            update.expect.push(Expect::SlotsLen(len));
+            update
+                .changes
+                .push(Change::Extend(usize::from(count) - len));
+        } else if count > self.count {
+            // A raise into slots kept past the old count (held after a
+            // shrink) needs them still there: a return may trim them first.
+            update.expect.push(Expect::SlotsLen(len));
+        } else {
+            if let Some(trim) = self.trim(count) {
+                update.expect.extend(trim.expect);
+                update.changes.extend(trim.changes);
+            }
+        }
+        (!update.changes.is_empty()).then_some(update)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::super::{ConditionFailed, PoolState, ReturnPlan};
+    use super::*;
+
+    #[test]
+    fn count_zero_never_grants() {
+        let mut pool = Pool::new(0, 0);
+        assert_eq!(borrow(&mut pool, 1, 100, 0), None);
+        assert_eq!(
+            pool.state(0),
+            PoolState {
+                count: 0,
+                in_use: 0,
+                available: 0,
+                waiting: 0
+            }
+        );
+    }
+
+    #[test]
+    fn a_shrink_keeps_live_leases_withholds_borrows_and_trims_freed_slots() {
+        let mut pool = Pool::new(4, 0);
+        for n in 0..4 {
+            borrow(&mut pool, n, 100, 0);
+        }
+        pool = pool.apply(&pool.plan_resize(2, 1).unwrap()).unwrap();
+        let state = pool.state(1);
+        assert_eq!((state.count, state.in_use, state.available), (2, 4, 0));
+        assert_eq!(pool.slots().len(), 4, "held positions past count stay");
+        assert!(give_back(&mut pool, 0, 2));
+        assert_eq!(borrow(&mut pool, 9, 100, 2), None);
+        assert!(give_back(&mut pool, 3, 3));
+        assert_eq!(
+            pool.slots().len(),
+            3,
+            "a free slot at the end past count goes"
+        );
+        assert!(give_back(&mut pool, 2, 3));
+        assert_eq!(pool.slots().len(), 2);
+        assert_eq!(borrow(&mut pool, 9, 100, 3), Some(0));
+        assert_eq!(borrow(&mut pool, 10, 100, 3), None);
+        assert_eq!(pool.plan_resize(2, 3), None);
+    }
+
+    #[test]
+    fn a_raise_into_slots_kept_past_a_shrink_conflicts_with_their_trim() {
+        let mut pool = Pool::new(4, 0);
+        for n in 0..4 {
+            borrow(&mut pool, n, 100, 0);
+        }
+        pool = pool.apply(&pool.plan_resize(2, 1).unwrap()).unwrap();
+        // Both planned from one read: the raise counts on position 3, which the
+        // return of its lease trims.
+        let raise = pool.plan_resize(4, 2).unwrap();
+        let ReturnPlan::Return(_, trim) = pool.plan_return(d(3), 2) else {
+            panic!()
+        };
+        let trimmed = pool.apply(&trim).unwrap();
+        assert_eq!(trimmed.slots().len(), 3);
+        assert_eq!(
+            trimmed.apply(&raise).err(),
+            Some(ConditionFailed(Expect::SlotsLen(4))),
+            "count 4 over 3 slots would be an unreadable pool"
+        );
+        let raised = trimmed.apply(&trimmed.plan_resize(4, 3).unwrap()).unwrap();
+        assert_eq!((raised.count(), raised.slots().len()), (4, 4));
+    }
+
+    #[test]
+    fn a_return_after_a_shrink_hands_off_only_what_count_allows() {
+        let mut pool = Pool::new(3, 0);
+        for n in 0..3 {
+            borrow(&mut pool, n, 100, 0);
+        }
+        join(&mut pool, 9, 100, 60_000, 0);
+        pool = pool.apply(&pool.plan_resize(1, 1).unwrap()).unwrap();
+        // Three live on a count of one: the first two returns free, the third hands off.
+        for n in [2, 1] {
+            let ReturnPlan::Return(_, update) = pool.plan_return(d(n), 2) else {
+                panic!()
+            };
+            assert!(!update
+                .changes
+                .iter()
+                .any(|c| matches!(c, Change::HandOff { .. })));
+            pool = pool.apply(&update).unwrap();
+        }
+        let ReturnPlan::Return(_, update) = pool.plan_return(d(0), 3) else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        assert_eq!(holder_at(&pool, 0), Some(d(9)));
+    }
+}

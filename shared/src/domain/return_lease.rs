@@ -1,0 +1,293 @@
+//! A return: free the lease (handing on), cancel a waiting ticket, or
+//! remember the id as given up.
+
+use super::{Change, Expect, Lease, LeaseDigest, Pool, Slot, Tomb, Update};
+
+/// How long the id of a lease given up before its borrow was seen is
+/// remembered: a borrow with that id arriving later is refused, so a cancel
+/// that overtakes its borrow still cancels it. Longer than any request lives
+/// behind API Gateway (30 s).
+pub const TOMB_MS: u64 = 30_000;
+
+/// Most lease ids a pool remembers as given up at once: a flood of returns
+/// of unknown lease ids replaces the oldest, and never grows the item past
+/// a few hundred bytes (each write that adds one is conditioned on the
+/// number stored, so racing writes cannot overshoot).
+pub const MAX_TOMBS: usize = 16;
+
+/// What a return of a lease id does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReturnPlan {
+    /// A live lease: write this to free it (handing it, or a lower free
+    /// slot, to the head of the queue).
+    Return(Lease, Update),
+    /// Its lease has expired: nothing to free.
+    Expired(Lease),
+    /// Its borrow still waits: write this to take its ticket out of the queue.
+    Cancel(Update),
+    /// Not in the pool: write this to remember the id as given up, in case
+    /// its borrow has not arrived yet.
+    Remember(Update),
+    /// Remembered as given up already.
+    Remembered,
+}
+
+impl Pool {
+    /// What a return of the lease id with `digest` does at `now_ms`.
+    pub fn plan_return(&self, digest: LeaseDigest, now_ms: u64) -> ReturnPlan {
+        if let Some(lease) = self.live_lease(digest, now_ms) {
+            let update = self.give_back(&lease, now_ms);
+            return ReturnPlan::Return(lease, update);
+        }
+        if let Some(lease) = self.lease_of(digest) {
+            return ReturnPlan::Expired(lease);
+        }
+        if let Some((index, _)) = self.ticket_of(digest) {
+            return ReturnPlan::Cancel(self.remove_tickets(vec![index]));
+        }
+        match self.tomb_of(digest) {
+            Some(tomb) if tomb.is_live(now_ms) => ReturnPlan::Remembered,
+            stale => ReturnPlan::Remember(self.remember(digest, stale, now_ms)),
+        }
+    }
+
+    /// Remembers `digest` as given up (overwriting its `stale` tombstone):
+    /// stale tombstones go, and the oldest live ones while more than
+    /// [`MAX_TOMBS`] would be left, so the write is conditioned on how many
+    /// are stored (racing writes cannot overshoot the bound).
+    fn remember(&self, digest: LeaseDigest, stale: Option<Tomb>, now_ms: u64) -> Update {
+        let mut update = self.prune_tombs(now_ms, Some(digest));
+        let mut removed = update
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::RemoveTomb(_)))
+            .count();
+        let added = usize::from(stale.is_none());
+        let mut live: Vec<&Tomb> = self
+            .tombs
+            .iter()
+            .filter(|t| t.is_live(now_ms) && t.digest != digest)
+            .collect();
+        live.sort_by_key(|t| t.until_s);
+        let left = self.tombs.len() - removed + added;
+        for oldest in live.iter().take(left.saturating_sub(MAX_TOMBS)) {
+            update.expect.push(Expect::TombIs(**oldest));
+            update.changes.push(Change::RemoveTomb(oldest.digest));
+            removed += 1;
+        }
+        update.expect.push(match stale {
+            Some(tomb) => Expect::TombIs(tomb),
+            None => Expect::NoTomb(digest),
+        });
+        // As read, this leaves `tombs - removed + added` (at most the bound,
+        // or what an item stored by an older version held, never more).
+        let bound = MAX_TOMBS.max(self.tombs.len() - removed + added);
+        update
+            .expect
+            .push(Expect::TombsAtMost(bound + removed - added));
+        update.changes.push(Change::SetTomb(Tomb {
+            digest,
+            until_s: (now_ms + TOMB_MS).div_ceil(1000),
+        }));
+        update
+    }
+
+    /// Frees the live `lease`, conditioned only on that lease: with live
+    /// tickets waiting and a slot to spare, the lowest free position (its own
+    /// or one below it) goes to the head of the queue in the same write.
+    fn give_back(&self, lease: &Lease, now_ms: u64) -> Update {
+        let position = lease.position;
+        let mut after = self.clone();
+        after.slots[usize::from(position)] = Slot::Free;
+        let mut update = self.prune_tombs(now_ms, None);
+        update.expect.push(self.slot_as_read(position));
+        let target = after.free_positions(now_ms).first().copied();
+        let handed = match target {
+            Some(target) => after.hand_off(target, now_ms),
+            None => None,
+        };
+        match (handed, target) {
+            (Some(handed), Some(target)) => {
+                if target != position {
+                    update.changes.push(Change::Free(position));
+                }
+                update.expect.extend(
+                    handed
+                        .expect
+                        .into_iter()
+                        // Its own slot is conditioned as held, above.
+                        .filter(|e| *e != Expect::SlotFree(position)),
+                );
+                update.changes.extend(handed.changes);
+            }
+            _ => match after.trim(after.count) {
+                // Its own slot is the last past `count`: it goes with the
+                // free ones after it (conditioned as held, above).
+                Some(trim) if trim.truncates(position) => {
+                    update.expect.extend(
+                        trim.expect
+                            .into_iter()
+                            .filter(|e| *e != Expect::SlotFree(position)),
+                    );
+                    update.changes.extend(trim.changes);
+                }
+                trim => {
+                    update.changes.push(Change::Free(position));
+                    if let Some(trim) = trim {
+                        update.expect.extend(trim.expect);
+                        update.changes.extend(trim.changes);
+                    }
+                }
+            },
+        }
+        update.settle_ended();
+        update
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::super::{BorrowPlan, WaitPlan};
+    use super::*;
+
+    #[test]
+    fn a_return_with_waiters_hands_its_slot_to_the_head_without_naming_it() {
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 100, 0);
+        join(&mut pool, 2, 500, 10_000, 1);
+        join(&mut pool, 3, 500, 10_000, 1);
+        let ReturnPlan::Return(_, update) = pool.plan_return(d(1), 2) else {
+            panic!()
+        };
+        // Conditioned on its own lease only: no ticket, no other slot.
+        assert_eq!(update.expect.len(), 2, "{update:?}");
+        assert!(matches!(
+            update.expect[0],
+            Expect::SlotStamp { position: 0, .. }
+        ));
+        assert_eq!(update.expect[1], Expect::Count(pool.sizing()));
+        assert_eq!(
+            update.changes,
+            vec![Change::HandOff {
+                position: 0,
+                from: 0,
+                nth: 0,
+                now_ms: 2
+            }]
+        );
+        pool = pool.apply(&update).unwrap();
+        assert_eq!(holder_at(&pool, 0), Some(d(2)));
+        assert_eq!(pool.queue().len(), 1);
+        let lease = pool.live_lease(d(2), 2).unwrap();
+        assert_eq!((lease.granted_ms, lease.expires_at_ms), (2, 502));
+    }
+
+    #[test]
+    fn two_returns_that_read_the_same_queue_serve_two_tickets() {
+        let mut pool = Pool::new(2, 0);
+        borrow(&mut pool, 1, 100, 0);
+        borrow(&mut pool, 2, 100, 0);
+        join(&mut pool, 3, 500, 10_000, 1);
+        join(&mut pool, 4, 500, 10_000, 1);
+        let ReturnPlan::Return(_, a) = pool.plan_return(d(1), 2) else {
+            panic!()
+        };
+        let ReturnPlan::Return(_, b) = pool.plan_return(d(2), 2) else {
+            panic!()
+        };
+        pool = pool.apply(&a).unwrap();
+        pool = pool.apply(&b).expect("returns never collide");
+        assert_eq!(holder_at(&pool, 0), Some(d(3)));
+        assert_eq!(holder_at(&pool, 1), Some(d(4)));
+        assert!(pool.queue().is_empty());
+        let fences: Vec<u64> = pool.leases().iter().map(|l| l.fence).collect();
+        assert!(fences[0] < fences[1], "fences rise in grant order");
+    }
+
+    #[test]
+    fn a_return_hands_a_lower_free_slot_and_frees_its_own() {
+        let mut pool = Pool::new(3, 0);
+        borrow(&mut pool, 1, 50, 0);
+        borrow(&mut pool, 2, 1000, 0);
+        borrow(&mut pool, 3, 1000, 0);
+        join(&mut pool, 4, 500, 10_000, 1);
+        // Position 0 expired at 50 but nobody saw it yet; position 2 returns.
+        let ReturnPlan::Return(_, update) = pool.plan_return(d(3), 60) else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        assert_eq!(holder_at(&pool, 0), Some(d(4)), "the head gets the lowest");
+        assert_eq!(holder_at(&pool, 2), None);
+    }
+
+    #[test]
+    fn a_cancelled_ticket_frees_its_place_at_once() {
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 100_000, 0);
+        join(&mut pool, 2, 500, 60_000, 0);
+        join(&mut pool, 3, 500, 60_000, 0);
+        // A return naming the waiting borrow's lease id cancels its ticket.
+        let ReturnPlan::Cancel(cancel) = pool.plan_return(d(2), 1) else {
+            panic!()
+        };
+        pool = pool.apply(&cancel).unwrap();
+        assert_eq!(pool.waiting(1), 1);
+        assert_eq!(pool.plan_wait(&h(2, 500), 0, 1), WaitPlan::Gone);
+        give_back(&mut pool, 1, 2);
+        assert_eq!(
+            holder_at(&pool, 0),
+            Some(d(3)),
+            "the next in line is served"
+        );
+    }
+
+    #[test]
+    fn a_cancel_that_overtakes_its_borrow_is_remembered() {
+        let mut pool = Pool::new(1, 0);
+        let ReturnPlan::Remember(update) = pool.plan_return(d(5), 1_000) else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        assert_eq!(pool.plan_return(d(5), 2_000), ReturnPlan::Remembered);
+        assert_eq!(
+            pool.plan_borrow(h(5, 100), 9_000, 2_000, WAITERS),
+            BorrowPlan::Cancelled
+        );
+        // Once forgotten, the id may borrow again (its stale tomb leaves with it).
+        let later = 1_000 + TOMB_MS + 1_000;
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(5, 100), later, later, WAITERS)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        assert!(pool.tombs().is_empty());
+    }
+
+    #[test]
+    fn a_flood_of_unknown_returns_keeps_the_newest_few() {
+        let mut pool = Pool::new(1, 0);
+        for n in 0..(MAX_TOMBS as u8 + 10) {
+            let ReturnPlan::Remember(update) = pool.plan_return(d(n), 1_000 + u64::from(n) * 1_000)
+            else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        assert_eq!(pool.tombs().len(), MAX_TOMBS);
+        assert!(pool.tombs().iter().all(|t| t.digest.0[0] >= 10));
+    }
+
+    #[test]
+    fn returns_of_expired_and_unknown_leases_free_nothing() {
+        let mut pool = Pool::new(2, 0);
+        borrow(&mut pool, 1, 10, 0);
+        assert!(matches!(pool.plan_return(d(1), 10), ReturnPlan::Expired(_)));
+        assert!(matches!(
+            pool.plan_return(d(9), 10),
+            ReturnPlan::Remember(_)
+        ));
+        assert!(give_back(&mut pool, 1, 5));
+        assert!(!give_back(&mut pool, 1, 6), "already returned");
+    }
+}

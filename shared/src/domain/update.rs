@@ -1,0 +1,309 @@
+//! The update language (conditions, changes) and what an update means.
+
+use super::{Ended, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket, Tomb};
+
+/// One thing an update depends on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// `count` is this, set by this many resizes.
+    Count(Sizing),
+    /// The slot list is this long.
+    SlotsLen(usize),
+    /// This position is free.
+    SlotFree(u16),
+    /// This position holds the grant with this stamp (stamps are unique per
+    /// grant, so this names exactly one lease).
+    SlotStamp { position: u16, stamp: Stamp },
+    /// The queue is exactly this long.
+    QueueLen(usize),
+    /// The queue is shorter than this.
+    QueueBelow(usize),
+    /// This ticket is at this index of the queue.
+    TicketAt { index: usize, holder: Holder },
+    /// No ticket in the queue is exactly this.
+    NotQueued(Holder),
+    /// No slot holds exactly this.
+    NotHeld(Holder),
+    /// This lease id is not remembered as given up.
+    NoTomb(LeaseDigest),
+    /// This lease id is remembered exactly so.
+    TombIs(Tomb),
+    /// This ended grant is remembered exactly so (in its place).
+    EndedIs(Ended),
+    /// At most this many lease ids are remembered as given up.
+    TombsAtMost(usize),
+    /// No ticket waits in the backlog (or the item predates async mode).
+    NoBacklog,
+    /// The first number not yet admitted is this.
+    Admitted(u64),
+    /// This async ticket is listed with this number.
+    AsyncIs(LeaseDigest, u64),
+    /// No backlog and no async ticket listed.
+    Settled,
+}
+
+/// One change an update makes. Indices and positions name the pool as the
+/// write finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Change {
+    /// `holder` takes `position`, granted at `now_ms` with the next fence.
+    Take {
+        position: u16,
+        holder: Holder,
+        now_ms: u64,
+    },
+    /// `position` goes to the ticket at index `from` of the queue as the
+    /// write finds it (stamped `now_ms` with the write's `nth` fence: the
+    /// counter plus `nth`), or is left free when there is none; tickets
+    /// `0 ..= from` leave the queue. `from` is the first live ticket as read,
+    /// after dead ones the update expects (or, handing several slots at
+    /// once, a later live one, every ticket before it expected as read).
+    HandOff {
+        position: u16,
+        from: usize,
+        nth: u16,
+        now_ms: u64,
+    },
+    Free(u16),
+    /// Adds a ticket at the end of the queue.
+    Append(Ticket),
+    RemoveTicket(usize),
+    SetTomb(Tomb),
+    RemoveTomb(LeaseDigest),
+    /// Remembers a reused short grant in its place (overwriting the place).
+    SetEnded(Ended),
+    /// Forgets the ended grant in this place.
+    RemoveEnded(u8),
+    /// Drops the unbounded map of ended grants an older version stored.
+    DropLegacyEnded,
+    /// Sets `count`, one resize more than as read.
+    SetCount(Sizing),
+    /// Appends this many free slots.
+    Extend(usize),
+    /// Removes the slots at positions `from .. len` (`len`: the list's
+    /// length as read, which the update expects).
+    Truncate {
+        from: usize,
+        len: usize,
+    },
+    /// Takes the next ticket number (the write's new record tells which).
+    NumberTicket,
+    /// Sets the first number not yet admitted.
+    SetAdmitted(u64),
+    /// Lists an async ticket with its number.
+    SetAsync(LeaseDigest, u64),
+    RemoveAsync(LeaseDigest),
+    /// Clears the async-work flag.
+    Settle,
+}
+
+/// A conditional change: every expectation holds, or nothing changes. The
+/// changes that take a fence (one `Take`, or `HandOff`s) take the next ones
+/// in order (`nth` 0, 1, …); `Append`s (any number, in order) never with
+/// another queue change, nor `Extend`/`Truncate` with another slot change
+/// (DynamoDB cannot write a list and one of its elements in one update).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Update {
+    pub expect: Vec<Expect>,
+    pub changes: Vec<Change>,
+}
+
+impl Update {
+    /// Of several changes to one place of the ring of ended grants, only
+    /// the newest grant's memory stands (DynamoDB refuses an update that
+    /// names one attribute twice): a removal of a place this update sets
+    /// goes, with its condition, and so does an older memory set there.
+    pub(super) fn settle_ended(&mut self) {
+        let mut newest: Vec<Ended> = Vec::new();
+        for change in &self.changes {
+            if let Change::SetEnded(ended) = *change {
+                match newest.iter_mut().find(|e| e.place() == ended.place()) {
+                    Some(e) if e.stamp.fence < ended.stamp.fence => *e = ended,
+                    Some(_) => {}
+                    None => newest.push(ended),
+                }
+            }
+        }
+        let set = |place: u8| newest.iter().any(|e| e.place() == place);
+        self.changes.retain(|c| match *c {
+            Change::SetEnded(ended) => newest.contains(&ended),
+            Change::RemoveEnded(place) => !set(place),
+            _ => true,
+        });
+        self.expect
+            .retain(|e| !matches!(*e, Expect::EndedIs(ended) if set(ended.place())));
+    }
+
+    /// Whether this update removes the slot at `position`.
+    pub(super) fn truncates(&self, position: u16) -> bool {
+        self.changes
+            .iter()
+            .any(|c| matches!(*c, Change::Truncate { from, .. } if from <= usize::from(position)))
+    }
+}
+
+/// An expectation of an update did not hold.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConditionFailed(pub Expect);
+
+impl Pool {
+    /// What an update means: the pool after it, or the first expectation that
+    /// does not hold.
+    pub fn apply(&self, update: &Update) -> Result<Pool, ConditionFailed> {
+        for expect in &update.expect {
+            if !self.holds(expect) {
+                return Err(ConditionFailed(*expect));
+            }
+        }
+        let mut next = self.clone();
+        // Every right-hand side reads the pool as it was (as DynamoDB does).
+        let fence = self.next_fence;
+        let mut removed: Vec<usize> = Vec::new();
+        for change in &update.changes {
+            apply_change(&mut next, self, *change, fence, &mut removed);
+        }
+        // Indices name the queue as it was; removing one past its end is a
+        // no-op, as in DynamoDB.
+        removed.sort_unstable();
+        removed.dedup();
+        for index in removed.into_iter().rev() {
+            if index < next.queue.len() {
+                next.queue.remove(index);
+            }
+        }
+        Ok(next)
+    }
+
+    /// Sets a slot as DynamoDB sets a list element: one past the end of the
+    /// list is appended. (Planners only name positions the list has; a store
+    /// that skips conditions, in tests, must not make this panic.)
+    fn set_slot(&mut self, position: u16, slot: Slot) {
+        match self.slots.get_mut(usize::from(position)) {
+            Some(existing) => *existing = slot,
+            None => self.slots.push(slot),
+        }
+    }
+
+    fn holds(&self, expect: &Expect) -> bool {
+        match *expect {
+            Expect::Count(sizing) => self.sizing() == sizing,
+            Expect::SlotsLen(len) => self.slots.len() == len,
+            Expect::SlotFree(position) => {
+                self.slots.get(usize::from(position)) == Some(&Slot::Free)
+            }
+            Expect::SlotStamp { position, stamp } => matches!(
+                self.slots.get(usize::from(position)),
+                Some(Slot::Held { stamp: s, .. }) if *s == stamp
+            ),
+            Expect::QueueLen(len) => self.queue.len() == len,
+            Expect::QueueBelow(len) => self.queue.len() < len,
+            Expect::TicketAt { index, holder } => {
+                self.queue.get(index).is_some_and(|t| t.holder == holder)
+            }
+            Expect::NotQueued(holder) => self.queue.iter().all(|t| t.holder != holder),
+            Expect::NotHeld(holder) => self
+                .slots
+                .iter()
+                .all(|s| !matches!(s, Slot::Held { holder: h, .. } if *h == holder)),
+            Expect::NoTomb(digest) => self.tomb_of(digest).is_none(),
+            Expect::TombIs(tomb) => self.tomb_of(tomb.digest) == Some(tomb),
+            Expect::EndedIs(ended) => self.ended_at(ended.place()) == Some(ended),
+            Expect::TombsAtMost(n) => self.tombs.len() <= n,
+            Expect::NoBacklog => !self.line.has_backlog(),
+            Expect::Admitted(admitted) => self.line.admitted == admitted,
+            Expect::AsyncIs(digest, number) => self.async_number(digest) == Some(number),
+            Expect::Settled => self.line.is_settled(),
+        }
+    }
+}
+
+/// One change of an update, made on `next` (the pool so far); every
+/// right-hand side reads `before` (the pool as it was, as DynamoDB does);
+/// `fence` is the first one the update takes, and the queue indices it
+/// takes out are added to `removed`.
+fn apply_change(
+    next: &mut Pool,
+    before: &Pool,
+    change: Change,
+    fence: u64,
+    removed: &mut Vec<usize>,
+) {
+    match change {
+        Change::Take {
+            position,
+            holder,
+            now_ms,
+        } => {
+            next.set_slot(
+                position,
+                Slot::Held {
+                    holder,
+                    stamp: grant(fence, now_ms, false),
+                },
+            );
+            next.next_fence = fence + 1;
+        }
+        Change::HandOff {
+            position,
+            from,
+            nth,
+            now_ms,
+        } => {
+            let fence = fence + u64::from(nth);
+            let slot = match before.queue.get(from) {
+                Some(ticket) => Slot::Held {
+                    holder: ticket.holder,
+                    stamp: grant(fence, now_ms, true),
+                },
+                None => Slot::Free,
+            };
+            next.set_slot(position, slot);
+            next.next_fence = next.next_fence.max(fence + 1);
+            removed.extend(0..=from);
+        }
+        Change::Free(position) => next.set_slot(position, Slot::Free),
+        Change::Append(ticket) => next.queue.push(ticket),
+        Change::RemoveTicket(index) => removed.push(index),
+        Change::SetTomb(tomb) => {
+            next.tombs.retain(|t| t.digest != tomb.digest);
+            next.tombs.push(tomb);
+            next.tombs.sort_by_key(|t| t.digest);
+        }
+        Change::RemoveTomb(digest) => next.tombs.retain(|t| t.digest != digest),
+        Change::SetEnded(ended) => {
+            next.ended.retain(|e| e.place() != ended.place());
+            next.ended.push(ended);
+            next.ended.sort_by_key(|e| e.place());
+        }
+        Change::RemoveEnded(place) => next.ended.retain(|e| e.place() != place),
+        Change::DropLegacyEnded => next.legacy_ended = false,
+        Change::SetCount(sizing) => {
+            next.count = sizing.count;
+            next.resizes = sizing.resizes;
+        }
+        Change::Extend(n) => next.slots.extend(std::iter::repeat_n(Slot::Free, n)),
+        Change::Truncate { from, .. } => next.slots.truncate(from),
+        Change::NumberTicket => {
+            next.line.next = before.line.next + 1;
+            next.line.active = true;
+        }
+        Change::Settle => next.line.active = false,
+        Change::SetAdmitted(admitted) => next.line.admitted = admitted,
+        Change::SetAsync(digest, number) => {
+            next.line.asyncs.retain(|(d, _)| *d != digest);
+            next.line.asyncs.push((digest, number));
+            next.line.asyncs.sort_by_key(|(d, _)| *d);
+        }
+        Change::RemoveAsync(digest) => next.line.asyncs.retain(|(d, _)| *d != digest),
+    }
+}
+
+/// The stamp of a grant with this fence at `now_ms`, `handed` to a waiter or
+/// taken by the borrower's own write.
+fn grant(fence: u64, now_ms: u64, handed: bool) -> Stamp {
+    Stamp {
+        fence,
+        granted_ms: now_ms,
+        handed,
+    }
+}
