@@ -1,6 +1,6 @@
 //! Turns `openapi.yaml` into the compact JSON that `GET /openapi.json` serves
-//! (`$OUT_DIR/openapi.json`, included by `src/openapi.rs`). Done here so that
-//! no YAML parser is linked into the Lambda binaries.
+//! (`$OUT_DIR/openapi.json`, included by `src/api/openapi.rs`). Done here so
+//! that no YAML parser is linked into the Lambda binaries.
 
 use std::path::Path;
 

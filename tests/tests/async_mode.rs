@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use semaphore::callback::{CallbackPolicy, Caller};
-use semaphore::dispatch::{Dispatcher, Local};
+use semaphore::callback::CallbackPolicy;
+use semaphore::delivery::{Caller, Dispatcher, Local};
 use semaphore::keys::PoolId;
 use semaphore::service::Call;
 use semaphore::store::PoolStore;

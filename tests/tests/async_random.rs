@@ -15,8 +15,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use semaphore::callback::{CallbackPolicy, Caller};
-use semaphore::dispatch::{Dispatcher, Local};
+use semaphore::callback::CallbackPolicy;
+use semaphore::delivery::{Caller, Dispatcher, Local};
 use semaphore::domain::TicketState;
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::Limits;

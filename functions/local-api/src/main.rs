@@ -21,7 +21,7 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, ValueEnum};
 use http_body_util::{BodyExt, Full, Limited};
@@ -29,13 +29,12 @@ use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use semaphore::api::{self, ApiResponse};
-use semaphore::callback::{CallbackPolicy, Caller};
-use semaphore::dispatch;
+use semaphore::api;
+use semaphore::callback::CallbackPolicy;
+use semaphore::delivery::{self, Caller};
 use semaphore::metrics::LogFormat;
-use semaphore::service::Call;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore};
-use semaphore::{config, openapi, Limits, Route, Service};
+use semaphore::{config, Limits, Service};
 use tokio::net::TcpListener;
 
 /// Requests are a few dozen bytes; anything this large is not ours.
@@ -116,7 +115,7 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
     let policy = CallbackPolicy {
         allow_local: args.allow_local_callbacks,
     };
-    let local = dispatch::Local::new();
+    let local = delivery::Local::new();
     let service = match dynamodb {
         None => {
             let store = Arc::new(MemoryStore::new());
@@ -135,7 +134,7 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
             let arn = dynamodb::stream_arn(&client, table)
                 .await
                 .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
-            semaphore::stream::follow(url, arn, local.watch()).await?;
+            delivery::stream::follow(url, arn, local.watch()).await?;
             let store = Arc::new(DynamoDbStore::new(client, table.clone()));
             Service::new(store.clone(), limits).with_tickets(store)
         }
@@ -148,7 +147,7 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
     let caller = Caller::new(policy, Duration::from_secs(5))
         .map_err(|e| format!("cannot build the callback client: {e}"))?;
     local.start(Arc::new(
-        dispatch::Dispatcher::new(service.clone(), caller).with_log(args.log_format.into()),
+        delivery::Dispatcher::new(service.clone(), caller).with_log(args.log_format.into()),
     ));
     let wanted = SocketAddr::new(args.bind, args.port);
     let listener = TcpListener::bind(wanted)
@@ -209,83 +208,28 @@ async fn serve(
     log_format: LogFormat,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
-    // The API's own description is served before routing (no pool, no store).
-    if let Some(response) = openapi::respond(request.method().as_str(), request.uri().path()) {
-        return Ok(response
-            .into_http()
-            .map(|body| Full::new(Bytes::from(body))));
-    }
-    let started = Instant::now();
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
-    let mut call = Call::new(None);
-    let (route_key, raw_id, response) = match api::resolve(&method, &path) {
-        Ok((route, id)) => {
-            let response = match Limited::new(request.into_body(), MAX_BODY_BYTES)
-                .collect()
-                .await
-            {
-                Ok(body) => {
-                    let parsed = api::Request::parse(route, id, &body.to_bytes());
-                    // A client that hangs up while its borrow waits gives the
-                    // wait up: hyper drops this future, and the guard sends
-                    // the return of its lease id.
-                    let guard = GiveUp {
-                        service: service.clone(),
-                        request: parsed.as_ref().ok().and_then(api::Request::give_up),
-                    };
-                    let response = api::respond(&service, route, parsed, &mut call).await;
-                    guard.disarm();
-                    response
-                }
-                Err(_) => ApiResponse {
-                    status: 413,
-                    body: serde_json::json!({ "error": "request body too large" }),
-                    allow: None,
-                },
-            };
-            (route.key(), Some(id), response)
-        }
-        Err(err) => ("$default", None, api::error_response(&err)),
+    let incoming = api::Incoming {
+        method: &method,
+        path: &path,
+        entry: api::Entry::Table,
+        deadline: None,
+        log: log_format,
+        give_up_with: Some(service.clone()),
     };
-    api::request_log(route_key, raw_id, &response, started, &call).emit(log_format);
+    // Read once the request is routed; over the limit, a 413.
+    let body = async move {
+        Limited::new(request.into_body(), MAX_BODY_BYTES)
+            .collect()
+            .await
+            .map(|body| body.to_bytes())
+            .map_err(|_| api::TooLarge)
+    };
+    let response = api::serve(Some(&service), incoming, body).await;
     Ok(response
         .into_http()
         .map(|body| Full::new(Bytes::from(body))))
-}
-
-/// Gives a waiting borrow up if it is dropped before it answers (its client
-/// disconnected): the return of its lease id takes its ticket out of the
-/// queue, or returns the slot handed to it meanwhile, in the background.
-struct GiveUp {
-    service: Arc<Service>,
-    request: Option<api::Request>,
-}
-
-impl GiveUp {
-    fn disarm(mut self) {
-        self.request = None;
-    }
-}
-
-impl Drop for GiveUp {
-    fn drop(&mut self) {
-        let Some(request) = self.request.take() else {
-            return;
-        };
-        let service = self.service.clone();
-        // Dropped inside the runtime (hyper drops the request future there).
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                let mut call = Call::new(None);
-                let response = api::respond(&service, Route::Return, Ok(request), &mut call).await;
-                lambda_http::tracing::info!(
-                    status = response.status,
-                    "client hung up while its borrow waited: the wait was given up"
-                );
-            });
-        }
-    }
 }
 
 #[cfg(test)]

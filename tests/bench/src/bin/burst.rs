@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use semaphore::api;
-use semaphore::callback::{CallbackPolicy, Caller};
-use semaphore::dispatch::{Dispatcher, Local};
+use semaphore::callback::CallbackPolicy;
+use semaphore::delivery::{Caller, Dispatcher, Local};
 use semaphore::service::{Call, Limits, Service};
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore_tests::counting::{on_the_wire, Counters};
@@ -78,7 +78,7 @@ async fn main() -> Result<(), String> {
                 let arn = dynamodb::stream_arn(&base, "semaphore-burst")
                     .await
                     .map_err(|e| e.to_string())?;
-                semaphore::stream::follow(url, arn, local.watch()).await?;
+                semaphore::delivery::stream::follow(url, arn, local.watch()).await?;
                 let store = Arc::new(
                     DynamoDbStore::new(on_the_wire(&base, counters.clone()), "semaphore-burst")
                         .with_capacity_tracking(capacity.clone()),

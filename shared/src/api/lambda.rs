@@ -2,16 +2,15 @@
 //! one route's response out, and one EMF log line per request.
 
 use std::convert::Infallible;
+use std::future::ready;
 use std::time::{Duration, Instant};
 
 use lambda_http::{Body, Request, RequestExt, Response};
 
-use crate::api::{self, ApiResponse, Route};
+use super::{serve, ApiResponse, Entry, Incoming, Route, TooLarge};
 use crate::clock::now_ms;
-use crate::error::Error;
 use crate::metrics::LogFormat;
-use crate::openapi;
-use crate::service::{Call, Service};
+use crate::service::Service;
 
 /// Handles one request for `route`. The id comes from the `id` path parameter,
 /// or from the raw path when there is none (Function URL, `cargo lambda watch`).
@@ -20,31 +19,22 @@ pub async fn handle(
     route: Route,
     request: Request,
 ) -> Result<Response<Body>, Infallible> {
-    let started = Instant::now();
-    let path = request_path(&request);
     let path_param = request
         .path_parameters_ref()
-        .and_then(|params| params.first("id"))
-        .map(str::to_owned);
-    let raw_id = path_param.or_else(|| api::id_from_path(route, path).map(str::to_owned));
+        .and_then(|params| params.first("id"));
     let deadline = request
         .lambda_context_ref()
         .and_then(|c| deadline_instant(c.deadline));
-    let mut call = Call::new(deadline);
-    let response = match raw_id.as_deref() {
-        None => api::error_response(&Error::RouteNotFound),
-        // The same 405 (and `Allow`) the local server gives for this path.
-        Some(_) if request.method().as_str() != route.method() => {
-            match api::resolve(request.method().as_str(), path) {
-                Err(err) => api::error_response(&err),
-                Ok(_) => api::error_response(&Error::RouteNotFound),
-            }
-        }
-        Some(id) => api::handle(service, route, id, body_bytes(request.body()), &mut call).await,
+    let incoming = Incoming {
+        method: request.method().as_str(),
+        path: request_path(&request),
+        entry: Entry::Route(route, path_param),
+        deadline,
+        log: LogFormat::Json,
+        give_up_with: None,
     };
-    api::request_log(route.key(), raw_id.as_deref(), &response, started, &call)
-        .emit(LogFormat::Json);
-    Ok(into_response(response))
+    let body = ready(Ok::<_, TooLarge>(body_bytes(request.body())));
+    Ok(into_response(serve(Some(service), incoming, body).await))
 }
 
 /// The HTTP API's `$default` route: whatever matched no route. API Gateway
@@ -52,18 +42,16 @@ pub async fn handle(
 /// errors and a 405 for a known path with the wrong method.
 pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
     // `GET /openapi.json` has no route of its own in the template: it lands here.
-    if let Some(response) = openapi::respond(request.method().as_str(), request_path(&request)) {
-        return Ok(into_response(response));
-    }
-    let started = Instant::now();
-    let err = match api::resolve(request.method().as_str(), request_path(&request)) {
-        Err(err) => err,
-        // A routable request should never reach `$default`.
-        Ok(_) => Error::RouteNotFound,
+    let incoming = Incoming {
+        method: request.method().as_str(),
+        path: request_path(&request),
+        entry: Entry::Default,
+        deadline: None,
+        log: LogFormat::Json,
+        give_up_with: None,
     };
-    let response = api::error_response(&err);
-    api::request_log("$default", None, &response, started, &Call::default()).emit(LogFormat::Json);
-    Ok(into_response(response))
+    let body = ready(Ok::<_, TooLarge>(body_bytes(request.body())));
+    Ok(into_response(serve(None, incoming, body).await))
 }
 
 fn body_bytes(body: &Body) -> &[u8] {

@@ -1,27 +1,18 @@
-//! The dispatcher (async mode): after each change to a pool with async
-//! tickets, [`Service::dispatch_step`] admits, hands on and records grants;
-//! this delivers them to their callbacks with capped, jittered retries while
-//! the lease is live and within a bound, then records `delivered`, or
-//! `failed` with the reason and the lease returned. Every delivery is at
-//! least once: a receiver drops a duplicate by its ticket and fence.
-//!
-//! [`Local`] runs it in-process (local-api), woken by the service's watch and
-//! by timers at each pool's next expiry; in AWS the table's stream and a
-//! wake queue do the same.
+//! The dispatcher: a pool stepped, its grants delivered to their callbacks
+//! with capped, jittered retries, the outcome recorded.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use semaphore_wire::{Backoff, Delivery, Jitter, Seconds};
-use tokio::sync::mpsc;
 
-use crate::callback::{Attempt, Caller};
+use super::{Attempt, Caller};
 use crate::clock::now_ms;
 use crate::domain::{LeaseDigest, TicketGrant, TicketItem};
 use crate::keys::PoolKey;
 use crate::metrics::{AsyncLog, LogFormat, PoolKeyPrefix};
-use crate::service::{Call, Service, ToDeliver};
+use crate::service::{Call, Service, Step, ToDeliver};
 use crate::Error;
 
 /// Longest a grant may go undelivered: then its lease is returned and the
@@ -37,13 +28,6 @@ pub struct Dispatcher {
     /// is listed until it ends) leaves it be.
     in_flight: Mutex<HashSet<(PoolKey, LeaseDigest)>>,
     log: LogFormat,
-}
-
-/// What a step leaves to do: deliveries to make now, and when to step the
-/// pool again (Unix ms), while it has async tickets.
-pub struct Stepped {
-    pub deliver: Vec<ToDeliver>,
-    pub wake_ms: Option<u64>,
 }
 
 impl Dispatcher {
@@ -79,8 +63,9 @@ impl Dispatcher {
 
     /// One step on the pool: the grants to deliver (none already under way
     /// here; each is marked under way until [`Dispatcher::deliver`] ends),
-    /// and the pool's next wake.
-    pub async fn step(&self, key: PoolKey) -> Result<Stepped, Error> {
+    /// and the pool's next wake: when to step it again (Unix ms), while it
+    /// has async tickets.
+    pub async fn step(&self, key: PoolKey) -> Result<Step, Error> {
         let delivering: Vec<LeaseDigest> = self
             .in_flight()
             .iter()
@@ -109,7 +94,11 @@ impl Dispatcher {
             // Active without a timer: look again in a while all the same.
             (true, None) => Some(now_ms() + 1_000),
         };
-        Ok(Stepped { deliver, wake_ms })
+        Ok(Step {
+            deliver,
+            wake_ms,
+            ..step
+        })
     }
 
     /// Gives back deliveries a step handed out that the caller will not make
@@ -203,85 +192,4 @@ impl Dispatcher {
 
 fn prefix(key: &PoolKey) -> PoolKeyPrefix {
     PoolKeyPrefix([key.0[0], key.0[1], key.0[2], key.0[3]])
-}
-
-/// The dispatcher in-process: a task that steps each pool it is told of
-/// (the service's watch) and again at each pool's wake time.
-pub struct Local {
-    tell: mpsc::UnboundedSender<PoolKey>,
-    told: mpsc::UnboundedReceiver<PoolKey>,
-}
-
-impl Default for Local {
-    fn default() -> Self {
-        let (tell, told) = mpsc::unbounded_channel::<PoolKey>();
-        Local { tell, told }
-    }
-}
-
-impl Local {
-    /// Its watch first (the service is built with it), then [`Local::start`].
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Starts the task.
-    pub fn start(self, dispatcher: Arc<Dispatcher>) {
-        let Local { tell, mut told } = self;
-        tokio::spawn(async move {
-            let mut wakes: HashMap<PoolKey, u64> = HashMap::new();
-            loop {
-                let next = wakes.values().min().copied();
-                let sleep = next.map_or(Duration::from_secs(3600), |at| {
-                    Duration::from_millis(at.saturating_sub(now_ms()))
-                });
-                let mut due: Vec<PoolKey> = Vec::new();
-                tokio::select! {
-                    key = told.recv() => match key {
-                        Some(key) => due.push(key),
-                        None => return,
-                    },
-                    _ = tokio::time::sleep(sleep) => {}
-                }
-                // Every pool told of meanwhile, once.
-                while let Ok(key) = told.try_recv() {
-                    due.push(key);
-                }
-                let now = now_ms();
-                due.extend(wakes.iter().filter(|(_, at)| **at <= now).map(|(k, _)| *k));
-                due.sort_unstable_by_key(|k| k.0);
-                due.dedup();
-                for key in due {
-                    match dispatcher.step(key).await {
-                        Ok(stepped) => {
-                            for delivery in stepped.deliver {
-                                let (dispatcher, tell) = (dispatcher.clone(), tell.clone());
-                                tokio::spawn(async move {
-                                    dispatcher.deliver(key, delivery).await;
-                                    // Its end may free a slot: step again.
-                                    let _ = tell.send(key);
-                                });
-                            }
-                            match stepped.wake_ms {
-                                Some(at) => wakes.insert(key, at),
-                                None => wakes.remove(&key),
-                            };
-                        }
-                        Err(err) => {
-                            tracing::warn!(error = %err, "dispatcher step failed; retrying");
-                            wakes.insert(key, now_ms() + 500);
-                        }
-                    }
-                }
-            }
-        });
-    }
-
-    /// The service's watch: tells the task which pool changed.
-    pub fn watch(&self) -> crate::service::Watch {
-        let tell = self.tell.clone();
-        Arc::new(move |key| {
-            let _ = tell.send(key);
-        })
-    }
 }

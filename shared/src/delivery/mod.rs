@@ -1,0 +1,22 @@
+//! The dispatcher (async mode): after each change to a pool with async
+//! tickets, [`Service::dispatch_step`] admits, hands on and records grants;
+//! this delivers them to their callbacks with capped, jittered retries while
+//! the lease is live and within a bound, then records `delivered`, or
+//! `failed` with the reason and the lease returned. Every delivery is at
+//! least once: a receiver drops a duplicate by its ticket and fence.
+//!
+//! [`Local`] runs it in-process (local-api), woken by the service's watch and
+//! by timers at each pool's next expiry; in AWS the table's stream and a
+//! wake queue do the same.
+//!
+//! [`Service::dispatch_step`]: crate::service::Service::dispatch_step
+
+mod caller;
+mod dispatcher;
+mod local;
+#[cfg(feature = "stream")]
+pub mod stream;
+
+pub use caller::{Attempt, Caller, CheckedResolver};
+pub use dispatcher::{Dispatcher, DELIVERY_BOUND};
+pub use local::Local;
