@@ -13,7 +13,7 @@ use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 
 use crate::service::{Limits, Service};
-use crate::store::DynamoDbStore;
+use crate::store::{dynamodb, DynamoDbStore};
 
 /// `MAX_TTL_SECONDS`: 1 s to a year.
 pub const TTL_SECONDS: (f64, f64) = (1.0, 31_536_000.0);
@@ -129,48 +129,28 @@ pub async fn service_from_env() -> Result<Service, String> {
 /// [`service_from_env`] with the variables from `var`; the DynamoDB endpoint
 /// from `AWS_ENDPOINT_URL_DYNAMODB` when it sets one.
 pub async fn service_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Service, String> {
+    Ok(service_and_store_from_lookup(var).await?.0)
+}
+
+/// [`service_from_env`], and the store it is built on (the dispatcher writes
+/// its wakes there too, with the same client).
+pub async fn service_and_store_from_env() -> Result<(Service, Arc<DynamoDbStore>), String> {
+    service_and_store_from_lookup(|name| std::env::var(name).ok()).await
+}
+
+/// [`service_from_lookup`], and the store it is built on.
+pub async fn service_and_store_from_lookup(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(Service, Arc<DynamoDbStore>), String> {
     let config = Config::from_lookup(&var)?;
     let endpoint = var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty());
     let client = dynamodb_client(endpoint.as_deref()).await;
-    warm_up(&client, &config.table_name).await;
+    dynamodb::warm_up(&client, &config.table_name).await;
     let store = Arc::new(DynamoDbStore::new(client, config.table_name));
-    Ok(Service::new(store.clone(), config.limits).with_tickets(store))
-}
-
-/// The partition key of the one read a function makes during init; no pool
-/// has it (pool keys are 16 bytes), and IAM lets functions that may not
-/// otherwise read the table read only this key.
-pub const WARM_UP_KEY: &[u8] = b"warm-up";
-
-/// Opens the connection to DynamoDB during init (DNS, TCP, TLS and the SDK's
-/// first-call set-up), so the first request does not pay for it; the client
-/// keeps the connection for later invocations. A failure only costs the first
-/// request that time again.
-async fn warm_up(client: &aws_sdk_dynamodb::Client, table: &str) {
-    let started = std::time::Instant::now();
-    let blob = |bytes: &[u8]| {
-        aws_sdk_dynamodb::types::AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(bytes))
-    };
-    let read = client
-        .get_item()
-        .table_name(table)
-        .key(crate::store::dynamodb::PK, blob(WARM_UP_KEY))
-        .key(
-            crate::store::dynamodb::SK,
-            blob(&crate::store::dynamodb::POOL_ITEM),
-        )
-        .send();
-    match tokio::time::timeout(Duration::from_secs(3), read).await {
-        Ok(Ok(_)) => tracing::info!(
-            ms = started.elapsed().as_millis() as u64,
-            "DynamoDB connection opened during init"
-        ),
-        Ok(Err(err)) => tracing::warn!(
-            error = %aws_sdk_dynamodb::error::DisplayErrorContext(&err),
-            "DynamoDB warm-up read failed"
-        ),
-        Err(_) => tracing::warn!("DynamoDB warm-up read timed out"),
-    }
+    Ok((
+        Service::new(store.clone(), config.limits).with_tickets(store.clone()),
+        store,
+    ))
 }
 
 #[cfg(test)]

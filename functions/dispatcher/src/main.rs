@@ -9,8 +9,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
-use aws_sdk_dynamodb::types::AttributeValue;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use lambda_http::lambda_runtime::{self, service_fn, LambdaEvent};
@@ -21,7 +19,7 @@ use semaphore::config;
 use semaphore::delivery::{Caller, Dispatcher, DELIVERY_BOUND};
 use semaphore::keys::PoolKey;
 use semaphore::metrics::LogFormat;
-use semaphore::store::dynamodb::{self, PK};
+use semaphore::store::DynamoDbStore;
 use serde_json::{json, Value};
 use tokio::task::JoinSet;
 
@@ -32,13 +30,8 @@ struct State {
     dispatcher: Dispatcher,
     sqs: aws_sdk_sqs::Client,
     wake_queue: String,
-    dynamodb: aws_sdk_dynamodb::Client,
-    table: String,
+    store: Arc<DynamoDbStore>,
 }
-
-/// The pool item's attribute holding the wake armed for it (Unix ms): one
-/// pending wake per pool, whichever invocations want one.
-const WAKE: &str = "wk";
 
 /// Time a round keeps for its deliveries (the bound) and their records.
 const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
@@ -46,17 +39,16 @@ const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
-    let service = Arc::new(config::service_from_env().await?);
+    let (service, store) = config::service_and_store_from_env().await?;
+    let service = Arc::new(service);
     let caller = Caller::new(CallbackPolicy::default(), Duration::from_secs(5))?;
     let wake_queue = std::env::var("WAKE_QUEUE_URL").map_err(|_| "WAKE_QUEUE_URL must be set")?;
-    let table = std::env::var("TABLE_NAME").map_err(|_| "TABLE_NAME must be set")?;
     let aws = aws_config::load_from_env().await;
     let state = Arc::new(State {
         dispatcher: Dispatcher::new(service, caller).with_log(LogFormat::Json),
         sqs: aws_sdk_sqs::Client::new(&aws),
         wake_queue,
-        dynamodb: config::dynamodb_client(None).await,
-        table,
+        store,
     });
     lambda_runtime::run(service_fn(|event: LambdaEvent<Value>| {
         let state = state.clone();
@@ -106,27 +98,9 @@ async fn handle(state: Arc<State>, event: Value, deadline_ms: u64) -> Result<Val
 /// then (at most 15 minutes; the wake re-arms the rest).
 async fn arm(state: &State, key: PoolKey, at_ms: u64) -> Result<(), Error> {
     let now = now_ms();
-    let armed = state
-        .dynamodb
-        .update_item()
-        .table_name(&state.table)
-        .set_key(Some(dynamodb::pool_key(&key)))
-        .update_expression(format!("SET {WAKE} = :at"))
-        // A pending wake is one not yet due; a due or past one was handled
-        // (or lost) and a new one may be armed.
-        .condition_expression(format!(
-            "attribute_exists({PK}) AND (attribute_not_exists({WAKE}) OR {WAKE} > :at OR {WAKE} < :now)"
-        ))
-        .expression_attribute_values(":at", AttributeValue::N(at_ms.to_string()))
-        .expression_attribute_values(":now", AttributeValue::N(now.to_string()))
-        .send()
-        .await;
-    if let Err(err) = armed {
-        return match err.as_service_error() {
-            // An earlier wake is pending, or the pool is gone.
-            Some(UpdateItemError::ConditionalCheckFailedException(_)) => Ok(()),
-            _ => Err(err.into()),
-        };
+    if !state.store.arm_wake(&key, at_ms, now).await? {
+        // An earlier wake is pending, or the pool is gone.
+        return Ok(());
     }
     state
         .sqs

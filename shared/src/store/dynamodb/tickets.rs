@@ -1,20 +1,7 @@
 //! Ticket items (async mode): one item per ticket under its pool's
 //! partition key, `sk = 01 ‖ lease digest`, its number in `tn`, which the
 //! local secondary index [`BY_TICKET`] orders (strongly consistent reads).
-//!
-//! | attribute | type | holds |
-//! |---|---|---|
-//! | `tn` | N | the ticket number (the index's sort key) |
-//! | `h`  | B | the holder it waits to become: digest ‖ ttl ms, as in the pool item |
-//! | `i`  | N | the pool's incarnation when it joined |
-//! | `j`, `u` | N | joined at, waits until (Unix ms) |
-//! | `cu`, `ct` | S | callback URL and token (absent for a sync borrower) |
-//! | `st` | S | the state's name; every change is conditioned on it |
-//! | `gp`, `gf`, `gt`, `ge` | N | once granted: position, fence, granted and expiry ms |
-//! | `dv` | N | delivered at (ms) |
-//! | `r`  | S | why it failed |
-//! | `at` | N | delivery attempts |
-//! | `xp` | N | when DynamoDB may delete the item (Unix s): a week after its wait ends. Garbage collection only (TTL deletes days late): no state is read from it |
+//! Their attributes are listed in [`super::schema`].
 
 use std::collections::HashMap;
 
@@ -22,35 +9,18 @@ use async_trait::async_trait;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 
-use super::{number, store_error, DynamoDbStore, Expression, Item, Written, PK, SK};
+use super::codec::{number, Item};
+use super::expression::Expression;
+use super::schema::ticket_item::{
+    ATTEMPTS, CALLBACK_TOKEN, CALLBACK_URL, DELIVERED, EXPIRES, EXPIRES_AT, FENCE, GRANTED, HOLDER,
+    INCARNATION, JOINED, POSITION, REASON, STATE, WAIT_UNTIL,
+};
+use super::schema::{BY_TICKET, NUMBER, PK, SK, TICKET_ITEM};
+use super::{store_error, DynamoDbStore, Written};
 use crate::domain::{Callback, Holder, LeaseDigest, TicketGrant, TicketItem, TicketState};
 use crate::keys::PoolKey;
 use crate::store::{PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated};
 
-/// The local secondary index that orders a pool's tickets by number.
-pub const BY_TICKET: &str = "by_ticket";
-/// Its sort key: the ticket number.
-pub const NUMBER: &str = "tn";
-/// The first byte of every ticket item's sort key (the pool item's is `00`).
-pub const TICKET_ITEM: u8 = 1;
-
-const HOLDER: &str = "h";
-const INCARNATION: &str = "i";
-const JOINED: &str = "j";
-const WAIT_UNTIL: &str = "u";
-const CALLBACK_URL: &str = "cu";
-const CALLBACK_TOKEN: &str = "ct";
-const STATE: &str = "st";
-const POSITION: &str = "gp";
-const FENCE: &str = "gf";
-const GRANTED: &str = "gt";
-const EXPIRES: &str = "ge";
-const DELIVERED: &str = "dv";
-const REASON: &str = "r";
-// Not `n`: the stream's filter tells pool items with tickets by their `n`.
-const ATTEMPTS: &str = "at";
-/// The table's TTL attribute.
-pub const EXPIRES_AT: &str = "xp";
 /// A ticket item outlives its wait by this long, for its status to be read.
 const KEPT_S: u64 = 7 * 24 * 3600;
 

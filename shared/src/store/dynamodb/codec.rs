@@ -1,0 +1,470 @@
+//! A pool item to and from its attributes ([`super::schema`]).
+
+use std::collections::HashMap;
+
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+
+use super::schema::pool_item::{
+    ACTIVE, ADMITTED, ASYNCS, BASE, COUNT, ENDED, FENCE, GIVE_UP, INCARNATION, LEGACY_ENDED,
+    NEXT_TICKET, QUEUE, SLOTS, STAMPS, TOMBS,
+};
+use super::schema::{PK, POOL_ITEM, SK};
+use crate::domain::{
+    Ended, Holder, LeaseDigest, Line, Pool, Sizing, Slot, Stamp, Ticket, Tomb, ENDED_RING,
+    MAX_COUNT,
+};
+use crate::keys::PoolKey;
+use crate::store::{Record, StoreError, StoreErrorKind};
+
+/// Milliseconds fit in 13 decimal digits until the year 2286: a stamp is
+/// the relative fence in the digits above them.
+pub(super) const STAMP_SCALE: u128 = 10_000_000_000_000;
+/// Added to the grant ms of a slot handed to a waiter (year 2128 in ms:
+/// below it, every grant ms is a real time).
+pub(super) const HANDED: u64 = 5_000_000_000_000;
+
+pub(super) type Item = HashMap<String, AttributeValue>;
+
+/// The primary key of a pool's item.
+pub fn pool_key(key: &PoolKey) -> Item {
+    HashMap::from([
+        (PK.to_string(), AttributeValue::B(Blob::new(key.0.to_vec()))),
+        (
+            SK.to_string(),
+            AttributeValue::B(Blob::new(POOL_ITEM.to_vec())),
+        ),
+    ])
+}
+
+pub(super) fn number(n: impl ToString) -> AttributeValue {
+    AttributeValue::N(n.to_string())
+}
+
+pub(super) fn digest_key(digest: &LeaseDigest) -> String {
+    URL_SAFE_NO_PAD.encode(digest.0)
+}
+
+pub(super) fn holder_value(holder: Holder) -> AttributeValue {
+    AttributeValue::B(Blob::new(holder.to_bytes()))
+}
+
+/// Counts fit in four digits (≤ 1000).
+const COUNT_SCALE: u128 = 10_000;
+
+pub(super) fn sizing_value(sizing: Sizing) -> AttributeValue {
+    AttributeValue::N(
+        (u128::from(sizing.resizes) * COUNT_SCALE + u128::from(sizing.count)).to_string(),
+    )
+}
+
+fn stamp_number(stamp: Stamp) -> u128 {
+    let ms = stamp.granted_ms + if stamp.handed { HANDED } else { 0 };
+    u128::from(stamp.fence) * STAMP_SCALE + u128::from(ms)
+}
+
+pub(super) fn stamp_value(stamp: Stamp) -> AttributeValue {
+    AttributeValue::N(stamp_number(stamp).to_string())
+}
+
+/// The stamp of a number that [`stamp_number`] made, or `None`.
+fn stamp_of(n: u128) -> Option<Stamp> {
+    let ms = (n % STAMP_SCALE) as u64;
+    Some(Stamp {
+        fence: u64::try_from(n / STAMP_SCALE).ok()?,
+        granted_ms: ms % HANDED,
+        handed: ms >= HANDED,
+    })
+}
+
+/// An ended grant (always handed): lease digest (8 bytes) ‖ position (2) ‖
+/// grant ms (6) ‖ relative fence (big-endian, as few bytes as it needs).
+pub(super) fn ended_value(ended: Ended) -> AttributeValue {
+    let fence = ended.stamp.fence.to_be_bytes();
+    let skip = fence.iter().take_while(|b| **b == 0).count().min(7);
+    let mut bytes = Vec::with_capacity(24);
+    bytes.extend_from_slice(&ended.digest.0);
+    bytes.extend_from_slice(&ended.position.to_be_bytes());
+    bytes.extend_from_slice(&ended.stamp.granted_ms.to_be_bytes()[2..]);
+    bytes.extend_from_slice(&fence[skip..]);
+    AttributeValue::B(Blob::new(bytes))
+}
+
+/// The ended grant [`ended_value`] stored.
+fn ended_of(bytes: &[u8]) -> Option<Ended> {
+    if !(17..=24).contains(&bytes.len()) {
+        return None;
+    }
+    let mut ms = [0u8; 8];
+    ms[2..].copy_from_slice(&bytes[10..16]);
+    let mut fence = [0u8; 8];
+    fence[24 - bytes.len()..].copy_from_slice(&bytes[16..]);
+    Some(Ended {
+        digest: LeaseDigest(bytes[..8].try_into().ok()?),
+        position: u16::from_be_bytes([bytes[8], bytes[9]]),
+        stamp: Stamp {
+            fence: u64::from_be_bytes(fence),
+            granted_ms: u64::from_be_bytes(ms),
+            handed: true,
+        },
+    })
+}
+
+pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
+    let pool = &record.pool;
+    let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) = pool
+        .slots()
+        .iter()
+        .map(|slot| match slot {
+            Slot::Free => (number(0), number(0)),
+            Slot::Held { holder, stamp } => (holder_value(*holder), stamp_value(*stamp)),
+        })
+        .unzip();
+    let mut item = pool_key(key);
+    item.extend([
+        (INCARNATION.to_string(), number(record.incarnation)),
+        (COUNT.to_string(), sizing_value(pool.sizing())),
+        (BASE.to_string(), number(pool.base_us())),
+        (
+            FENCE.to_string(),
+            AttributeValue::N((u128::from(pool.next_fence()) * STAMP_SCALE).to_string()),
+        ),
+        (SLOTS.to_string(), AttributeValue::L(slots)),
+        (STAMPS.to_string(), AttributeValue::L(stamps)),
+        (
+            QUEUE.to_string(),
+            AttributeValue::L(
+                pool.queue()
+                    .iter()
+                    .map(|t| holder_value(t.holder))
+                    .collect(),
+            ),
+        ),
+        (
+            GIVE_UP.to_string(),
+            AttributeValue::L(pool.queue().iter().map(|t| number(t.give_up_s)).collect()),
+        ),
+        (
+            TOMBS.to_string(),
+            AttributeValue::M(
+                pool.tombs()
+                    .iter()
+                    .map(|t| (digest_key(&t.digest), number(t.until_s)))
+                    .collect(),
+            ),
+        ),
+    ]);
+    item.extend(
+        pool.ended()
+            .iter()
+            .map(|e| (format!("{ENDED}{}", e.place()), ended_value(*e))),
+    );
+    let line = pool.line();
+    if *line != Line::default() {
+        if line.active {
+            item.insert(ACTIVE.to_string(), number(1));
+        }
+        item.extend([
+            (NEXT_TICKET.to_string(), number(line.next)),
+            (ADMITTED.to_string(), number(line.admitted)),
+            (
+                ASYNCS.to_string(),
+                AttributeValue::M(
+                    line.asyncs
+                        .iter()
+                        .map(|(digest, n)| (digest_key(digest), number(*n)))
+                        .collect(),
+                ),
+            ),
+        ]);
+    }
+    item
+}
+
+/// A pool item's attributes, read as parts: every malformed one is a
+/// corrupt item, never a panic.
+struct Attrs<'a> {
+    item: &'a Item,
+}
+
+impl<'a> Attrs<'a> {
+    fn corrupt(&self, what: &str) -> StoreError {
+        StoreError::new(StoreErrorKind::Corrupt, format!("pool item: {what}"))
+    }
+
+    fn big(&self, value: Option<&AttributeValue>, what: &str) -> Result<u128, StoreError> {
+        match value {
+            Some(AttributeValue::N(n)) => n.parse().map_err(|_| self.corrupt(what)),
+            _ => Err(self.corrupt(what)),
+        }
+    }
+
+    fn small(&self, value: Option<&AttributeValue>, what: &str) -> Result<u64, StoreError> {
+        u64::try_from(self.big(value, what)?).map_err(|_| self.corrupt(what))
+    }
+
+    fn list(&self, name: &str) -> Result<&'a Vec<AttributeValue>, StoreError> {
+        match self.item.get(name) {
+            Some(AttributeValue::L(list)) => Ok(list),
+            _ => Err(self.corrupt(name)),
+        }
+    }
+
+    fn map(&self, name: &str) -> Result<&'a HashMap<String, AttributeValue>, StoreError> {
+        match self.item.get(name) {
+            Some(AttributeValue::M(map)) => Ok(map),
+            _ => Err(self.corrupt(name)),
+        }
+    }
+
+    fn holder(&self, value: &AttributeValue, what: &str) -> Result<Holder, StoreError> {
+        match value {
+            AttributeValue::B(blob) => {
+                Holder::from_bytes(blob.as_ref()).ok_or_else(|| self.corrupt(what))
+            }
+            _ => Err(self.corrupt(what)),
+        }
+    }
+
+    fn stamp(&self, value: &AttributeValue) -> Result<Stamp, StoreError> {
+        stamp_of(self.big(Some(value), "stamp")?).ok_or_else(|| self.corrupt("stamp"))
+    }
+
+    fn digest(&self, key: &str, what: &str) -> Result<LeaseDigest, StoreError> {
+        URL_SAFE_NO_PAD
+            .decode(key)
+            .ok()
+            .and_then(|bytes| <[u8; 8]>::try_from(bytes).ok())
+            .map(LeaseDigest)
+            .ok_or_else(|| self.corrupt(what))
+    }
+}
+
+pub(super) fn decode(item: &Item) -> Result<Record, StoreError> {
+    let a = Attrs { item };
+    let incarnation = a.small(item.get(INCARNATION), INCARNATION)?;
+    let sizing = sizing(&a)?;
+    let base_us = a.small(item.get(BASE), BASE)?;
+    let next_fence = next_fence(&a)?;
+    let slots = slots(&a)?;
+    let queue = queue(&a)?;
+    let tombs = tombs(&a)?;
+    let ended = ended(&a)?;
+    let line = line(&a)?;
+    let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, tombs, ended)
+        .map(|pool| pool.with_legacy_ended(item.contains_key(LEGACY_ENDED)))
+        .and_then(|pool| pool.with_line(line))
+        .map_err(|e| a.corrupt(e.0))?;
+    Ok(Record { incarnation, pool })
+}
+
+fn sizing(a: &Attrs) -> Result<Sizing, StoreError> {
+    let sized = a.big(a.item.get(COUNT), COUNT)?;
+    let sizing = Sizing {
+        count: u16::try_from(sized % COUNT_SCALE)
+            .ok()
+            .filter(|c| *c <= MAX_COUNT)
+            .ok_or_else(|| a.corrupt(COUNT))?,
+        resizes: u64::try_from(sized / COUNT_SCALE).map_err(|_| a.corrupt(COUNT))?,
+    };
+    Ok(sizing)
+}
+
+fn next_fence(a: &Attrs) -> Result<u64, StoreError> {
+    let fence = a.big(a.item.get(FENCE), FENCE)?;
+    if fence % STAMP_SCALE != 0 {
+        return Err(a.corrupt(FENCE));
+    }
+    let next_fence = u64::try_from(fence / STAMP_SCALE).map_err(|_| a.corrupt(FENCE))?;
+    Ok(next_fence)
+}
+
+fn slots(a: &Attrs) -> Result<Vec<Slot>, StoreError> {
+    let (slots, stamps) = (a.list(SLOTS)?, a.list(STAMPS)?);
+    if slots.len() != stamps.len() {
+        return Err(a.corrupt("slots and stamps disagree"));
+    }
+    let slots = slots
+        .iter()
+        .zip(stamps)
+        .map(|(slot, stamp_value)| match slot {
+            AttributeValue::N(n) if n == "0" => Ok(Slot::Free),
+            held => Ok(Slot::Held {
+                holder: a.holder(held, "slot")?,
+                stamp: a.stamp(stamp_value)?,
+            }),
+        })
+        .collect::<Result<Vec<Slot>, StoreError>>()?;
+    Ok(slots)
+}
+
+fn queue(a: &Attrs) -> Result<Vec<Ticket>, StoreError> {
+    let (queue, give_ups) = (a.list(QUEUE)?, a.list(GIVE_UP)?);
+    if queue.len() != give_ups.len() {
+        return Err(a.corrupt("tickets and give-up times disagree"));
+    }
+    let queue = queue
+        .iter()
+        .zip(give_ups)
+        .map(|(ticket, give_up)| {
+            Ok(Ticket {
+                holder: a.holder(ticket, "ticket")?,
+                give_up_s: a.small(Some(give_up), "give-up time")?,
+            })
+        })
+        .collect::<Result<Vec<Ticket>, StoreError>>()?;
+    Ok(queue)
+}
+
+fn tombs(a: &Attrs) -> Result<Vec<Tomb>, StoreError> {
+    let tombs = a
+        .map(TOMBS)?
+        .iter()
+        .map(|(key, until)| {
+            Ok(Tomb {
+                digest: a.digest(key, "tombstone key")?,
+                until_s: a.small(Some(until), "tombstone")?,
+            })
+        })
+        .collect::<Result<Vec<Tomb>, StoreError>>()?;
+    Ok(tombs)
+}
+
+fn ended(a: &Attrs) -> Result<Vec<Ended>, StoreError> {
+    let ended = (0..ENDED_RING)
+        .filter_map(|place| {
+            let name = format!("{ENDED}{place}");
+            a.item.get(&name).map(|value| match value {
+                AttributeValue::B(blob) => ended_of(blob.as_ref())
+                    .filter(|e| usize::from(e.place()) == place)
+                    .ok_or_else(|| a.corrupt(&name)),
+                _ => Err(a.corrupt(&name)),
+            })
+        })
+        .collect::<Result<Vec<Ended>, StoreError>>()?;
+    Ok(ended)
+}
+
+fn line(a: &Attrs) -> Result<Line, StoreError> {
+    // Absent until the pool's first ticket number.
+    let line = Line {
+        next: a
+            .item
+            .get(NEXT_TICKET)
+            .map_or(Ok(0), |v| a.small(Some(v), NEXT_TICKET))?,
+        admitted: a
+            .item
+            .get(ADMITTED)
+            .map_or(Ok(0), |v| a.small(Some(v), ADMITTED))?,
+        asyncs: match a.item.get(ASYNCS) {
+            None => Vec::new(),
+            Some(_) => a
+                .map(ASYNCS)?
+                .iter()
+                .map(|(key, n)| {
+                    Ok((
+                        a.digest(key, "async ticket key")?,
+                        a.small(Some(n), ASYNCS)?,
+                    ))
+                })
+                .collect::<Result<Vec<_>, StoreError>>()?,
+        },
+        active: a.item.contains_key(ACTIVE),
+    };
+    Ok(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::{churned_pool, full_pool, holder, NOW};
+    use super::*;
+    use crate::domain::ReturnPlan;
+
+    #[test]
+    fn items_round_trip() {
+        let key = PoolKey([7; 16]);
+        for (count, waiting) in [(0, 0), (1, 3), (4, 0), (1000, 10)] {
+            let record = full_pool(count, waiting, 0);
+            assert_eq!(decode(&encode(&key, &record)).unwrap(), record);
+        }
+        // Free slots, tombstones and a shrunk list round-trip too.
+        let mut pool = full_pool(3, 1, 0).pool;
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 30_000).digest, NOW + 1)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        let ReturnPlan::Remember(update) = pool.plan_return(holder(77, 1).digest, NOW + 2) else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        let record = Record {
+            incarnation: 1,
+            pool,
+        };
+        assert_eq!(decode(&encode(&key, &record)).unwrap(), record);
+    }
+
+    #[test]
+    fn corrupt_items_are_errors_not_panics() {
+        let key = PoolKey([7; 16]);
+        let good = encode(&key, &full_pool(2, 1, 0));
+        let blob = |b: &[u8]| AttributeValue::B(Blob::new(b.to_vec()));
+        let broken: Vec<(&str, AttributeValue)> = vec![
+            (QUEUE, AttributeValue::L(vec![blob(&[1, 2, 3])])),
+            (QUEUE, AttributeValue::L(vec![])),
+            (COUNT, number(1001)),
+            (COUNT, number(3)),
+            (FENCE, number(1)),
+            (FENCE, number(10)),
+            (SLOTS, AttributeValue::L(vec![number(0)])),
+            (SLOTS, AttributeValue::L(vec![number(1), number(0)])),
+            (
+                STAMPS,
+                AttributeValue::L(vec![number(0), AttributeValue::S("x".into())]),
+            ),
+            (
+                TOMBS,
+                AttributeValue::M(HashMap::from([("x".to_string(), number(1))])),
+            ),
+            (TOMBS, AttributeValue::L(vec![])),
+            (INCARNATION, AttributeValue::S("x".into())),
+            (INCARNATION, number("1e40")),
+        ];
+        for (name, value) in broken {
+            let mut item = good.clone();
+            item.insert(name.into(), value.clone());
+            assert_eq!(
+                decode(&item).unwrap_err().kind,
+                StoreErrorKind::Corrupt,
+                "{name} = {value:?}"
+            );
+        }
+        let mut item = good;
+        item.remove(INCARNATION);
+        assert_eq!(decode(&item).unwrap_err().kind, StoreErrorKind::Corrupt);
+    }
+
+    #[test]
+    fn ended_grants_round_trip_in_their_ring() {
+        let key = PoolKey([7; 16]);
+        let pool = churned_pool(40);
+        assert_eq!(pool.ended().len(), crate::domain::ENDED_RING);
+        let record = Record {
+            incarnation: 3,
+            pool,
+        };
+        let item = encode(&key, &record);
+        assert!(item.contains_key("r0") && item.contains_key("r15") && !item.contains_key("r16"));
+        assert_eq!(decode(&item).unwrap(), record);
+        // A memory stored in the wrong place, or cut short, is corrupt.
+        let mut wrong = item.clone();
+        wrong.insert("r1".into(), item["r0"].clone());
+        assert_eq!(decode(&wrong).unwrap_err().kind, StoreErrorKind::Corrupt);
+        let mut short = item;
+        short.insert("r0".into(), AttributeValue::B(Blob::new(vec![1; 9])));
+        assert_eq!(decode(&short).unwrap_err().kind, StoreErrorKind::Corrupt);
+    }
+}

@@ -1,0 +1,582 @@
+//! An [`Update`] as one conditional `UpdateItem` on a pool item: its
+//! condition, update expression, names and values.
+
+use std::collections::{BTreeSet, HashMap};
+
+use aws_sdk_dynamodb::types::AttributeValue;
+
+use super::codec::{
+    digest_key, ended_value, holder_value, number, sizing_value, stamp_value, HANDED, STAMP_SCALE,
+};
+use super::schema::pool_item::{
+    ACTIVE, ADMITTED, ASYNCS, COUNT, ENDED, FENCE, GIVE_UP, INCARNATION, LEGACY_ENDED, NEXT_TICKET,
+    QUEUE, SLOTS, STAMPS, TOMBS,
+};
+use crate::domain::{Change, Expect, Holder, LeaseDigest, Update};
+
+/// One update as DynamoDB expressions (for a pool item, made by [`Expression::of`]). Top-level attribute names are single
+/// letters, none of them reserved words; tombstone keys come from data and
+/// go through placeholders; list indices are numbers the planner chose.
+pub(super) struct Expression {
+    pub(super) condition: String,
+    pub(super) update: String,
+    pub(super) names: HashMap<String, String>,
+    pub(super) values: HashMap<String, AttributeValue>,
+}
+
+impl Expression {
+    pub(super) fn of(incarnation: u64, update: &Update) -> Self {
+        let mut e = ExpressionBuilder::default();
+        let inc = e.value(number(incarnation));
+        let mut conditions = vec![format!("{INCARNATION} = {inc}")];
+        for expect in &update.expect {
+            conditions.push(condition(&mut e, expect));
+        }
+        let mut clauses = Clauses::default();
+        for change in &update.changes {
+            clauses.add(&mut e, change);
+        }
+        clauses.finish(e, inc, conditions)
+    }
+}
+
+/// One condition of an update, as DynamoDB reads it.
+fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
+    match *expect {
+        Expect::Count(sizing) => format!("{COUNT} = {}", e.value(sizing_value(sizing))),
+        Expect::SlotsLen(len) => format!("size({SLOTS}) = {}", e.value(number(len))),
+        Expect::SlotFree(position) => format!("{SLOTS}[{position}] = {}", e.zero()),
+        Expect::SlotStamp { position, stamp } => {
+            format!("{STAMPS}[{position}] = {}", e.value(stamp_value(stamp)))
+        }
+        Expect::QueueLen(len) => format!("size({QUEUE}) = {}", e.value(number(len))),
+        Expect::QueueBelow(len) => format!("size({QUEUE}) < {}", e.value(number(len))),
+        Expect::TicketAt { index, holder } => {
+            format!("{QUEUE}[{index}] = {}", e.holder(holder))
+        }
+        Expect::NotQueued(holder) => format!("NOT contains({QUEUE}, {})", e.holder(holder)),
+        Expect::NotHeld(holder) => format!("NOT contains({SLOTS}, {})", e.holder(holder)),
+        Expect::NoTomb(digest) => format!("attribute_not_exists({})", e.tomb(digest)),
+        Expect::TombIs(tomb) => {
+            format!(
+                "{} = {}",
+                e.tomb(tomb.digest),
+                e.value(number(tomb.until_s))
+            )
+        }
+        Expect::EndedIs(ended) => {
+            format!("{ENDED}{} = {}", ended.place(), e.value(ended_value(ended)))
+        }
+        Expect::TombsAtMost(n) => format!("size({TOMBS}) <= {}", e.value(number(n))),
+        // Items from before async mode have no counters.
+        Expect::NoBacklog => {
+            format!("(attribute_not_exists({NEXT_TICKET}) OR {ADMITTED} = {NEXT_TICKET})")
+        }
+        Expect::Admitted(admitted) => {
+            format!("{ADMITTED} = {}", e.value(number(admitted)))
+        }
+        Expect::AsyncIs(digest, n) => {
+            format!("{} = {}", e.asynced(digest), e.value(number(n)))
+        }
+        Expect::Settled => format!(
+            "{ADMITTED} = {NEXT_TICKET} AND size({ASYNCS}) = {}",
+            e.zero()
+        ),
+    }
+}
+
+/// The clauses of an update expression, gathered change by change.
+#[derive(Default)]
+struct Clauses {
+    sets: Vec<String>,
+    removes: BTreeSet<String>,
+    fences: u128,
+    // Appended tickets, in order: one list_append per list.
+    appended: Vec<AttributeValue>,
+    give_ups: Vec<AttributeValue>,
+}
+
+impl Clauses {
+    fn add(&mut self, e: &mut ExpressionBuilder, change: &Change) {
+        match *change {
+            Change::Take { .. }
+            | Change::HandOff { .. }
+            | Change::Free(_)
+            | Change::Extend(_)
+            | Change::Truncate { .. } => self.add_slot(e, change),
+            Change::NumberTicket
+            | Change::SetAdmitted(_)
+            | Change::SetAsync(..)
+            | Change::RemoveAsync(_)
+            | Change::Settle => self.add_line(e, change),
+            Change::Append(ticket) => {
+                self.appended.push(holder_value(ticket.holder));
+                self.give_ups.push(number(ticket.give_up_s));
+            }
+            Change::RemoveTicket(index) => {
+                self.removes.insert(format!("{QUEUE}[{index}]"));
+                self.removes.insert(format!("{GIVE_UP}[{index}]"));
+            }
+            Change::SetTomb(tomb) => {
+                self.sets.push(format!(
+                    "{} = {}",
+                    e.tomb(tomb.digest),
+                    e.value(number(tomb.until_s))
+                ));
+            }
+            Change::RemoveTomb(digest) => {
+                self.removes.insert(e.tomb(digest));
+            }
+            Change::SetEnded(ended) => {
+                self.sets.push(format!(
+                    "{ENDED}{} = {}",
+                    ended.place(),
+                    e.value(ended_value(ended))
+                ));
+            }
+            Change::RemoveEnded(place) => {
+                self.removes.insert(format!("{ENDED}{place}"));
+            }
+            Change::DropLegacyEnded => {
+                self.removes.insert(LEGACY_ENDED.to_string());
+            }
+            Change::SetCount(sizing) => {
+                self.sets
+                    .push(format!("{COUNT} = {}", e.value(sizing_value(sizing))));
+            }
+        }
+    }
+
+    /// The changes of slots: take, hand off, free, extend, truncate.
+    fn add_slot(&mut self, e: &mut ExpressionBuilder, change: &Change) {
+        match *change {
+            Change::Take {
+                position,
+                holder,
+                now_ms,
+            } => {
+                self.sets
+                    .push(format!("{SLOTS}[{position}] = {}", e.holder(holder)));
+                self.sets.push(format!(
+                    "{STAMPS}[{position}] = {FENCE} + {}",
+                    e.value(number(now_ms))
+                ));
+                self.fences += 1;
+            }
+            Change::HandOff {
+                position,
+                from,
+                nth,
+                now_ms,
+            } => {
+                let zero = e.zero();
+                self.sets.push(format!(
+                    "{SLOTS}[{position}] = if_not_exists({QUEUE}[{from}], {zero})"
+                ));
+                // The write's `nth` fence: the counter plus `nth`.
+                let stamp =
+                    u128::from(now_ms.saturating_add(HANDED)) + u128::from(nth) * STAMP_SCALE;
+                let handed = e.value(AttributeValue::N(stamp.to_string()));
+                self.sets
+                    .push(format!("{STAMPS}[{position}] = {FENCE} + {handed}"));
+                self.fences += 1;
+                for index in 0..=from {
+                    self.removes.insert(format!("{QUEUE}[{index}]"));
+                    self.removes.insert(format!("{GIVE_UP}[{index}]"));
+                }
+            }
+            Change::Free(position) => {
+                let zero = e.zero();
+                self.sets.push(format!("{SLOTS}[{position}] = {zero}"));
+                self.sets.push(format!("{STAMPS}[{position}] = {zero}"));
+            }
+            Change::Extend(n) => {
+                let zeros = e.value(AttributeValue::L(vec![number(0); n]));
+                self.sets
+                    .push(format!("{SLOTS} = list_append({SLOTS}, {zeros})"));
+                self.sets
+                    .push(format!("{STAMPS} = list_append({STAMPS}, {zeros})"));
+            }
+            Change::Truncate { from, len } => {
+                for position in from..len {
+                    self.removes.insert(format!("{SLOTS}[{position}]"));
+                    self.removes.insert(format!("{STAMPS}[{position}]"));
+                }
+            }
+            _ => unreachable!("not a change of slots"),
+        }
+    }
+
+    /// The changes of async mode's line: numbers, admission, listing, settling.
+    fn add_line(&mut self, e: &mut ExpressionBuilder, change: &Change) {
+        match *change {
+            Change::NumberTicket => {
+                let (zero, one) = (e.zero(), e.value(number(1)));
+                let empty = e.value(AttributeValue::M(HashMap::new()));
+                self.sets.push(format!(
+                    "{NEXT_TICKET} = if_not_exists({NEXT_TICKET}, {zero}) + {one}"
+                ));
+                self.sets
+                    .push(format!("{ADMITTED} = if_not_exists({ADMITTED}, {zero})"));
+                // Admission lists async tickets in it.
+                self.sets
+                    .push(format!("{ASYNCS} = if_not_exists({ASYNCS}, {empty})"));
+                self.sets.push(format!("{ACTIVE} = {one}"));
+            }
+            Change::SetAdmitted(admitted) => {
+                self.sets
+                    .push(format!("{ADMITTED} = {}", e.value(number(admitted))));
+            }
+            Change::SetAsync(digest, n) => {
+                self.sets
+                    .push(format!("{} = {}", e.asynced(digest), e.value(number(n))));
+            }
+            Change::RemoveAsync(digest) => {
+                self.removes.insert(e.asynced(digest));
+            }
+            Change::Settle => {
+                self.removes.insert(ACTIVE.to_string());
+            }
+            _ => unreachable!("not a change of the line"),
+        }
+    }
+
+    fn finish(self, mut e: ExpressionBuilder, inc: String, conditions: Vec<String>) -> Expression {
+        let Clauses {
+            mut sets,
+            removes,
+            fences,
+            appended,
+            give_ups,
+        } = self;
+        if !appended.is_empty() {
+            let q = e.value(AttributeValue::L(appended));
+            let w = e.value(AttributeValue::L(give_ups));
+            sets.push(format!("{QUEUE} = list_append({QUEUE}, {q})"));
+            sets.push(format!("{GIVE_UP} = list_append({GIVE_UP}, {w})"));
+        }
+        if fences > 0 {
+            sets.push(format!(
+                "{FENCE} = {FENCE} + {}",
+                e.value(AttributeValue::N((fences * STAMP_SCALE).to_string()))
+            ));
+        }
+        let mut clauses = Vec::new();
+        if !sets.is_empty() {
+            clauses.push(format!("SET {}", sets.join(", ")));
+        }
+        if !removes.is_empty() {
+            let removes: Vec<String> = removes.into_iter().collect();
+            clauses.push(format!("REMOVE {}", removes.join(", ")));
+        }
+        if clauses.is_empty() {
+            // Nothing to change: still a conditional write, so that it checks.
+            clauses.push(format!("SET {INCARNATION} = {inc}"));
+        }
+        Expression {
+            condition: conditions.join(" AND "),
+            update: clauses.join(" "),
+            names: e.names,
+            values: e.values,
+        }
+    }
+}
+
+#[derive(Default)]
+struct ExpressionBuilder {
+    names: HashMap<String, String>,
+    values: HashMap<String, AttributeValue>,
+    zero: Option<String>,
+}
+
+impl ExpressionBuilder {
+    fn value(&mut self, value: AttributeValue) -> String {
+        if let Some((existing, _)) = self.values.iter().find(|(_, v)| **v == value) {
+            return existing.clone();
+        }
+        let placeholder = format!(":v{}", self.values.len());
+        self.values.insert(placeholder.clone(), value);
+        placeholder
+    }
+
+    fn zero(&mut self) -> String {
+        match &self.zero {
+            Some(zero) => zero.clone(),
+            None => {
+                let zero = self.value(number(0));
+                self.zero = Some(zero.clone());
+                zero
+            }
+        }
+    }
+
+    fn holder(&mut self, holder: Holder) -> String {
+        self.value(holder_value(holder))
+    }
+
+    /// `x.#tN` for a tombstone key (digest keys may hold '-', which
+    /// placeholders must not).
+    fn tomb(&mut self, digest: LeaseDigest) -> String {
+        format!("{TOMBS}.{}", self.digest(digest))
+    }
+
+    /// `y.#tN` for an async ticket's key.
+    fn asynced(&mut self, digest: LeaseDigest) -> String {
+        format!("{ASYNCS}.{}", self.digest(digest))
+    }
+
+    fn digest(&mut self, digest: LeaseDigest) -> String {
+        let raw = digest_key(&digest);
+        if let Some((existing, _)) = self.names.iter().find(|(_, v)| **v == raw) {
+            return existing.clone();
+        }
+        let placeholder = format!("#t{}", self.names.len());
+        self.names.insert(placeholder.clone(), raw);
+        placeholder
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use aws_sdk_dynamodb::types::AttributeValue;
+
+    use super::super::codec::{decode, encode};
+    use super::super::test_support::{churned_pool, full_pool, holder, NOW};
+    use super::*;
+    use crate::domain::{BorrowPlan, Ended, Pool, ReturnPlan, Sizing, Slot, Stamp, Ticket};
+    use crate::keys::PoolKey;
+
+    #[test]
+    fn expressions_name_only_what_they_touch() {
+        let mut pool = full_pool(2, 0, 0).pool;
+        // A return without waiters: its own lease, nothing else.
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 30_000).digest, NOW + 1)
+        else {
+            panic!()
+        };
+        let e = Expression::of(7, &update);
+        assert_eq!(e.condition, "i = :v0 AND g[1] = :v1");
+        assert_eq!(e.update, "SET s[1] = :v2, g[1] = :v2");
+        // With a waiter: the hand-off names no ticket and no other slot.
+        let BorrowPlan::Join(join) = pool.plan_borrow(holder(9, 500), NOW + 25_000, NOW, 100)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&join).unwrap();
+        let e = Expression::of(7, &join);
+        assert_eq!(
+            e.condition,
+            "i = :v0 AND attribute_not_exists(x.#t0) AND (attribute_not_exists(n) OR a = n) AND size(q) < :v1 AND NOT contains(q, :v2) AND NOT contains(s, :v2)"
+        );
+        assert_eq!(
+            e.update,
+            "SET q = list_append(q, :v3), w = list_append(w, :v4)"
+        );
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 30_000).digest, NOW + 1)
+        else {
+            panic!()
+        };
+        let e = Expression::of(7, &update);
+        assert_eq!(e.condition, "i = :v0 AND g[1] = :v1 AND c = :v2");
+        assert_eq!(
+            e.update,
+            "SET s[1] = if_not_exists(q[0], :v3), g[1] = f + :v4, f = f + :v5 REMOVE q[0], w[0]"
+        );
+    }
+
+    /// Every kind of write, as the planners make it on a small pool: (name, update).
+    fn every_write() -> Vec<(&'static str, Update)> {
+        use crate::domain::{BorrowPlan, ReturnPlan, WaitPlan};
+        let now = NOW;
+        let mut writes = Vec::new();
+        let mut pool = Pool::new(2, now * 1000);
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(1, 10_000), now, now, 100)
+        else {
+            panic!()
+        };
+        writes.push(("take", update.clone()));
+        pool = pool.apply(&update).unwrap();
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(2, 10_000), now, now, 100)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 10_000).digest, now) else {
+            panic!()
+        };
+        writes.push(("return, nobody waiting", update));
+        let BorrowPlan::Join(update) = pool.plan_borrow(holder(3, 30_000), now + 25_000, now, 100)
+        else {
+            panic!()
+        };
+        writes.push(("join", update.clone()));
+        pool = pool.apply(&update).unwrap();
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 10_000).digest, now) else {
+            panic!()
+        };
+        writes.push(("return, handing off", update.clone()));
+        let ReturnPlan::Cancel(update) = pool.plan_return(holder(3, 30_000).digest, now) else {
+            panic!()
+        };
+        writes.push(("cancel", update));
+        let ReturnPlan::Remember(update) = pool.plan_return(holder(7, 30_000).digest, now) else {
+            panic!()
+        };
+        writes.push(("remember a given-up id", update));
+        // A waiter hands an expired slot to the head (itself).
+        let later = now + 10_000;
+        let WaitPlan::Waiting {
+            duty: Some(update), ..
+        } = pool.plan_wait(&holder(3, 30_000), now, later)
+        else {
+            panic!()
+        };
+        writes.push(("a waiter hands a free slot on", update));
+        writes.push(("resize", pool.plan_resize(3, now).unwrap()));
+        // Two slots free at once (a raise) and three waiting: one write serves
+        // the first two in line.
+        let mut pool = Pool::new(1, now * 1000);
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(1, 10_000), now, now, 100)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        for n in 3..6 {
+            let BorrowPlan::Join(update) =
+                pool.plan_borrow(holder(n, 30_000), now + 25_000, now, 100)
+            else {
+                panic!()
+            };
+            pool = pool.apply(&update).unwrap();
+        }
+        pool = pool.apply(&pool.plan_resize(3, now).unwrap()).unwrap();
+        let WaitPlan::Waiting {
+            duty: Some(update), ..
+        } = pool.plan_wait(&holder(4, 30_000), now, now)
+        else {
+            panic!()
+        };
+        writes.push(("waiters hand several free slots on at once", update));
+        // A short grant handed to a waiter, expired unread: the hand-off that
+        // reuses its slot remembers it in the ring.
+        let mut pool = churned_pool(1);
+        let joined = now + 1_500;
+        let BorrowPlan::Join(update) =
+            pool.plan_borrow(holder(2, 1_000), joined + 20_000, joined, 100)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&update).unwrap();
+        let WaitPlan::Waiting {
+            duty: Some(update), ..
+        } = pool.plan_wait(&holder(2, 1_000), joined, joined + 1_500)
+        else {
+            panic!()
+        };
+        assert!(update
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::SetEnded(_))));
+        writes.push(("a hand-off that reuses a short grant's slot", update));
+        writes
+    }
+
+    /// docs/DESIGN.md shows every write's exact expressions, as the code makes them.
+    #[test]
+    fn the_design_document_shows_every_write() {
+        let design = include_str!("../../../../docs/DESIGN.md");
+        let mut missing = Vec::new();
+        for (name, update) in every_write() {
+            let e = Expression::of(7, &update);
+            println!(
+                "{name}:\n  ConditionExpression: {}\n  UpdateExpression: {}",
+                e.condition, e.update
+            );
+            for expr in [&e.condition, &e.update] {
+                if !design.contains(expr.as_str()) {
+                    missing.push(format!("{name}: {expr}"));
+                }
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "not in docs/DESIGN.md:\n{}",
+            missing.join("\n")
+        );
+    }
+
+    /// An item stored before the ring carries the map `e` that grew without
+    /// bound: it is not read, and the next write that reuses a slot drops it.
+    #[test]
+    fn the_unbounded_map_of_older_items_is_dropped_by_the_next_reuse() {
+        let key = PoolKey([7; 16]);
+        let mut item = encode(&key, &full_pool(2, 0, 0));
+        let entries = (0..1000u16)
+            .map(|n| (digest_key(&holder(n, 1).digest), number(n)))
+            .collect();
+        item.insert(LEGACY_ENDED.into(), AttributeValue::M(entries));
+        let pool = decode(&item).unwrap().pool;
+        assert!(pool.has_legacy_ended());
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 30_000).digest, NOW + 1)
+        else {
+            panic!()
+        };
+        let e = Expression::of(7, &update);
+        assert!(e.update.ends_with("REMOVE e"), "{}", e.update);
+        assert!(!pool.apply(&update).unwrap().has_legacy_ended());
+    }
+
+    /// A return that takes out a stale memory of the ring and hands on a slot
+    /// whose short grant expired unread, remembered in the same place: one
+    /// write names that place once (DynamoDB refuses a path named twice).
+    #[test]
+    fn a_write_names_each_place_of_the_ring_once() {
+        let now = NOW;
+        let held = |who: u16, ttl_ms: u64, fence: u64, granted_ms: u64, handed: bool| Slot::Held {
+            holder: holder(who, ttl_ms),
+            stamp: Stamp {
+                fence,
+                granted_ms,
+                handed,
+            },
+        };
+        let stale = Ended {
+            digest: holder(3, 1_000).digest,
+            position: 0,
+            stamp: Stamp {
+                fence: 2,
+                granted_ms: now - 60_000,
+                handed: true,
+            },
+        };
+        let pool = Pool::from_parts(
+            Sizing {
+                count: 2,
+                resizes: 0,
+            },
+            now * 1000,
+            40,
+            vec![
+                // Fence 18: place 2, as the stale memory's fence 2.
+                held(1, 1_000, 18, now - 3_000, true),
+                held(2, 60_000, 35, now - 1_000, false),
+            ],
+            vec![Ticket {
+                holder: holder(4, 1_000),
+                give_up_s: now / 1000 + 20,
+            }],
+            Vec::new(),
+            vec![stale],
+        )
+        .unwrap();
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 60_000).digest, now) else {
+            panic!()
+        };
+        let e = Expression::of(7, &update);
+        assert_eq!(e.update.matches("r2").count(), 1, "{}", e.update);
+        assert!(!e.condition.contains("r2"), "{}", e.condition);
+        let after = pool.apply(&update).unwrap();
+        assert_eq!(after.ended().len(), 1);
+        assert_eq!(after.ended()[0].digest, holder(1, 1_000).digest);
+    }
+}

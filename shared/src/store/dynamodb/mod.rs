@@ -1,0 +1,282 @@
+//! DynamoDB: one item per pool, changed by conditional `UpdateItem`s that
+//! name only the slots, tickets and counters they depend on. The attributes
+//! and every write's expressions are in `docs/DESIGN.md` (the attributes of
+//! both item kinds also in [`schema`]); in short:
+//!
+//! A hand-off is `SET s[P] = if_not_exists(q[0], :free), g[P] = f + :now,
+//! f = f + :step REMOVE q[0], w[0]`: every right-hand side reads the item as
+//! it was before the update, so DynamoDB picks the head of the queue and the
+//! fence atomically, and two returns landing together serve two tickets.
+//! A failed condition hands back the current item (`ALL_OLD`), a success the
+//! new one (`ALL_NEW`), so the caller never needs a read to decide again.
+//!
+//! The files: [`schema`] (every key and attribute name), `codec` (a pool
+//! item to and from its attributes), `expression` (an update as one
+//! conditional `UpdateItem`), `tickets` (ticket items), `admin` (the table),
+//! `wake` (the dispatcher's pending wake), `size` (item sizes as DynamoDB
+//! bills them, for tests and the benchmark).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
+use aws_sdk_dynamodb::types::{
+    ConsumedCapacity, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
+};
+use aws_sdk_dynamodb::Client;
+
+use super::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
+use crate::domain::{Pool, Update};
+use crate::keys::PoolKey;
+use codec::{decode, encode, Item};
+use expression::Expression;
+use schema::pool_item::INCARNATION;
+
+mod admin;
+mod codec;
+mod expression;
+pub mod schema;
+#[cfg(any(test, feature = "measure"))]
+mod size;
+#[cfg(test)]
+mod test_support;
+mod tickets;
+mod wake;
+
+pub(crate) use admin::warm_up;
+pub use admin::{ensure_table, stream_arn};
+pub use codec::pool_key;
+pub use schema::{dispatches, ACTIVE, BY_TICKET, NUMBER, PK, POOL_ITEM, SK, TICKET_ITEM};
+#[cfg(any(test, feature = "measure"))]
+pub use size::{item_size, stored_size};
+
+#[derive(Clone)]
+pub struct DynamoDbStore {
+    client: Client,
+    table: String,
+    /// Consumed write/read units × 1000, when tracking was asked for (benchmarks).
+    consumed_milli_units: Option<Arc<AtomicU64>>,
+}
+
+impl DynamoDbStore {
+    pub fn new(client: Client, table: impl Into<String>) -> Self {
+        DynamoDbStore {
+            client,
+            table: table.into(),
+            consumed_milli_units: None,
+        }
+    }
+
+    /// Asks DynamoDB for consumed capacity on every call and adds it up
+    /// (for the benchmark: the functions never ask).
+    #[cfg(any(test, feature = "measure"))]
+    pub fn with_capacity_tracking(mut self, total: Arc<AtomicU64>) -> Self {
+        self.consumed_milli_units = Some(total);
+        self
+    }
+
+    fn capacity_mode(&self) -> Option<ReturnConsumedCapacity> {
+        self.consumed_milli_units
+            .as_ref()
+            .map(|_| ReturnConsumedCapacity::Total)
+    }
+
+    fn record(&self, consumed: Option<&ConsumedCapacity>) {
+        if let (Some(total), Some(units)) = (
+            &self.consumed_milli_units,
+            consumed.and_then(|c| c.capacity_units()),
+        ) {
+            total.fetch_add((units * 1000.0).round() as u64, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A conditional write's outcome, as DynamoDB hands the item back.
+enum Written {
+    /// It landed: the item as it is now (`ALL_NEW`).
+    Now(Item),
+    /// Its condition failed (still a billed write): the item as it is
+    /// (`ALL_OLD`), or `None` when there is none.
+    Lost(Option<Item>),
+}
+
+impl DynamoDbStore {
+    /// A strongly consistent `GetItem`: a waiter must see the latest
+    /// hand-off, a dispatcher the latest state, or they act on old news.
+    async fn get(&self, key: Item) -> Result<Option<Item>, StoreError> {
+        let out = self
+            .client
+            .get_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .consistent_read(true)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await
+            .map_err(store_error)?;
+        self.record(out.consumed_capacity());
+        Ok(out.item().cloned())
+    }
+
+    /// A `PutItem` unless an item with its key exists: `None` when it was
+    /// written, else the item that is there.
+    async fn put_new(&self, item: Item) -> Result<Option<Item>, StoreError> {
+        let sent = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(item))
+            .condition_expression(format!("attribute_not_exists({PK})"))
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                Ok(None)
+            }
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(failed)) => {
+                    failed.item().cloned().map(Some).ok_or_else(|| {
+                        StoreError::new(
+                            StoreErrorKind::Unavailable,
+                            "a put failed its condition but returned no item",
+                        )
+                    })
+                }
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+
+    /// One conditional `UpdateItem`, never retried here: the item comes
+    /// back either way, so the caller decides again without a read.
+    async fn update_item(&self, key: Item, call: Expression) -> Result<Written, StoreError> {
+        let sent = self
+            .client
+            .update_item()
+            .table_name(&self.table)
+            .set_key(Some(key))
+            .update_expression(call.update)
+            .condition_expression(call.condition)
+            // DynamoDB refuses an empty map of names.
+            .set_expression_attribute_names((!call.names.is_empty()).then_some(call.names))
+            .set_expression_attribute_values(Some(call.values))
+            .return_values(ReturnValue::AllNew)
+            .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                out.attributes().cloned().map(Written::Now).ok_or_else(|| {
+                    StoreError::new(StoreErrorKind::Unavailable, "update returned no item")
+                })
+            }
+            Err(err) => match err.as_service_error() {
+                Some(UpdateItemError::ConditionalCheckFailedException(failed)) => {
+                    Ok(Written::Lost(failed.item().cloned()))
+                }
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+}
+
+#[async_trait]
+impl PoolStore for DynamoDbStore {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        self.get(pool_key(key))
+            .await?
+            .as_ref()
+            .map(decode)
+            .transpose()
+    }
+
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        let Some(item) = self.put_new(encode(key, record)).await? else {
+            return Ok(Created::Created(record.clone()));
+        };
+        let current = decode(&item)?;
+        Ok(if current.incarnation == record.incarnation {
+            // Our own create, landed on an earlier SDK attempt.
+            Created::Created(current)
+        } else {
+            Created::Exists(current)
+        })
+    }
+
+    /// One conditional `UpdateItem`: a lost condition is one billed write,
+    /// answered with the item as it is (`ALL_OLD`), never retried here.
+    async fn update(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let expr = Expression::of(incarnation, update);
+        Ok(match self.update_item(pool_key(key), expr).await? {
+            Written::Now(item) => Updated::Written(decode(&item)?),
+            Written::Lost(Some(item)) => Updated::Lost(decode(&item)?),
+            Written::Lost(None) => Updated::Gone,
+        })
+    }
+
+    /// One `UpdateItem`, conditioned only on the pool existing.
+    async fn number_ticket(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        let mut expr = Expression::of(0, &Pool::plan_number());
+        expr.condition = format!("attribute_exists({INCARNATION})");
+        expr.values
+            .retain(|placeholder, _| expr.update.contains(placeholder.as_str()));
+        Ok(match self.update_item(pool_key(key), expr).await? {
+            Written::Now(item) => Some(decode(&item)?),
+            Written::Lost(_) => None,
+        })
+    }
+
+    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        let out = self
+            .client
+            .delete_item()
+            .table_name(&self.table)
+            .set_key(Some(pool_key(key)))
+            // Only the key comes back useful; ALL_OLD is how DeleteItem says "it was there".
+            .return_values(ReturnValue::AllOld)
+            .set_return_consumed_capacity(self.capacity_mode())
+            .send()
+            .await
+            .map_err(store_error)?;
+        self.record(out.consumed_capacity());
+        Ok(out.attributes().is_some_and(|a| !a.is_empty()))
+    }
+}
+
+fn store_error<E, R>(err: SdkError<E, R>) -> StoreError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+    R: std::fmt::Debug,
+{
+    let kind = match (&err, err.code()) {
+        (SdkError::TimeoutError(_), _) => StoreErrorKind::TimedOut,
+        (
+            _,
+            Some(
+                "ProvisionedThroughputExceededException"
+                | "RequestLimitExceeded"
+                | "ThrottlingException",
+            ),
+        ) => StoreErrorKind::Throttled,
+        _ => StoreErrorKind::Unavailable,
+    };
+    let message = match (err.code(), err.message()) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (Some(code), None) => code.to_string(),
+        _ => aws_sdk_dynamodb::error::DisplayErrorContext(&err).to_string(),
+    };
+    StoreError::new(kind, message)
+}

@@ -1,0 +1,230 @@
+//! Every key and attribute name of the table, for both item kinds, in one
+//! place; `template.yaml` mirrors the keys, the index, the TTL attribute, the
+//! stream's filter ([`dispatches`]) and the warm-up key (a test below checks).
+//!
+//! The pool item, one per pool:
+//!
+//! | attribute | type | holds |
+//! |---|---|---|
+//! | `pk` | B | first 16 bytes of SHA-256 of the pool UUID (partition key) |
+//! | `sk` | B | `00`: the pool item (sort key) |
+//! | `i`  | N | incarnation: random per creation; every update is conditioned on it |
+//! | `c`  | N | resizes × 10⁴ + count: a count condition names one resize |
+//! | `b`  | N | creation time in µs: fences are `b` + a grant's relative fence |
+//! | `f`  | N | the next grant's relative fence × 10¹³ |
+//! | `s`  | L | slots by position: `0` (free) or the holder (B: digest 8 ‖ ttl ms) |
+//! | `g`  | L | per position: relative fence × 10¹³ + grant ms (+ 5·10¹² when handed to a waiter; `0` when freed) |
+//! | `q`  | L | waiting tickets in arrival order: the holder (B), as in `s` |
+//! | `w`  | L | per ticket: its give-up time in Unix seconds |
+//! | `x`  | M | lease ids given up before their borrow was seen: digest → until (s) |
+//! | `r0`…`r15` | B | short grants handed to a waiter, expired and reused: a ring, grant in `r{fence % 16}`: digest ‖ position ‖ grant ms ‖ fence |
+//! | `n`  | N | async mode: the next ticket number (absent until a first ticket) |
+//! | `a`  | N | async mode: the first ticket number not yet admitted to `q` (`a = n`: no backlog) |
+//! | `y`  | M | async mode: async tickets in `q`, or granted and not yet delivered: digest → ticket number |
+//! | `z`  | N | async mode: `1` while the pool has async work (the stream's filter); removed once settled |
+//! | `wk` | N | async mode, AWS only: the dispatcher's pending wake of the pool (Unix ms), so that one is pending at a time (functions/dispatcher) |
+//!
+//! Ticket items (async mode), one per ticket (see `tickets.rs`):
+//!
+//! | attribute | type | holds |
+//! |---|---|---|
+//! | `tn` | N | the ticket number (the index's sort key) |
+//! | `h`  | B | the holder it waits to become: digest ‖ ttl ms, as in the pool item |
+//! | `i`  | N | the pool's incarnation when it joined |
+//! | `j`, `u` | N | joined at, waits until (Unix ms) |
+//! | `cu`, `ct` | S | callback URL and token (absent for a sync borrower) |
+//! | `st` | S | the state's name; every change is conditioned on it |
+//! | `gp`, `gf`, `gt`, `ge` | N | once granted: position, fence, granted and expiry ms |
+//! | `dv` | N | delivered at (ms) |
+//! | `r`  | S | why it failed |
+//! | `at` | N | delivery attempts |
+//! | `xp` | N | when DynamoDB may delete the item (Unix s): a week after its wait ends. Garbage collection only (TTL deletes days late): no state is read from it |
+
+/// The partition key: the pool's key, 16 bytes.
+pub const PK: &str = "pk";
+/// The sort key: [`POOL_ITEM`] for the pool item.
+pub const SK: &str = "sk";
+/// The pool item's sort key.
+pub const POOL_ITEM: [u8; 1] = [0];
+
+/// The local secondary index that orders a pool's tickets by number.
+pub const BY_TICKET: &str = "by_ticket";
+/// Its sort key: the ticket number.
+pub const NUMBER: &str = "tn";
+/// The first byte of every ticket item's sort key (the pool item's is `00`).
+pub const TICKET_ITEM: u8 = 1;
+
+/// The pool item's attributes (besides the keys).
+pub mod pool_item {
+    pub const INCARNATION: &str = "i";
+    pub const COUNT: &str = "c";
+    pub const BASE: &str = "b";
+    pub const FENCE: &str = "f";
+    pub const SLOTS: &str = "s";
+    pub const STAMPS: &str = "g";
+    pub const QUEUE: &str = "q";
+    pub const GIVE_UP: &str = "w";
+    pub const TOMBS: &str = "x";
+    /// The ring of reused short grants: one attribute per place, `r0`, `r1`, …
+    pub const ENDED: &str = "r";
+    /// The map of ended grants by lease id that an older version kept (without
+    /// bound): dropped by the next write that reuses a slot, returns or resizes.
+    pub const LEGACY_ENDED: &str = "e";
+    pub const NEXT_TICKET: &str = "n";
+    pub const ADMITTED: &str = "a";
+    pub const ASYNCS: &str = "y";
+    /// The async-work flag (see [`dispatches`](super::dispatches)).
+    pub const ACTIVE: &str = "z";
+    /// The pool item's attribute holding the wake armed for it (Unix ms): one
+    /// pending wake per pool, whichever invocations want one.
+    pub const WAKE: &str = "wk";
+}
+
+/// A ticket item's attributes (besides the keys and [`NUMBER`]).
+pub mod ticket_item {
+    pub const HOLDER: &str = "h";
+    pub const INCARNATION: &str = "i";
+    pub const JOINED: &str = "j";
+    pub const WAIT_UNTIL: &str = "u";
+    pub const CALLBACK_URL: &str = "cu";
+    pub const CALLBACK_TOKEN: &str = "ct";
+    pub const STATE: &str = "st";
+    pub const POSITION: &str = "gp";
+    pub const FENCE: &str = "gf";
+    pub const GRANTED: &str = "gt";
+    pub const EXPIRES: &str = "ge";
+    pub const DELIVERED: &str = "dv";
+    pub const REASON: &str = "r";
+    // Not `n`: the stream's filter tells pool items with tickets by their `n`.
+    pub const ATTEMPTS: &str = "at";
+    /// The table's TTL attribute.
+    pub const EXPIRES_AT: &str = "xp";
+}
+
+pub use pool_item::ACTIVE;
+
+/// The partition key of the one read a function makes during init; no pool
+/// has it (pool keys are 16 bytes), and IAM lets functions that may not
+/// otherwise read the table read only this key.
+pub const WARM_UP_KEY: &[u8] = b"warm-up";
+
+/// Whether a change of the table invokes async mode's dispatcher: a write
+/// that leaves a pool item (sort key `00`) with the async-work flag, or a new
+/// ticket item (its number). `template.yaml`'s event source filter says the
+/// same; sync-only pools never pass it.
+pub fn dispatches(sort_key: &[u8], new_image_has: impl Fn(&str) -> bool, inserted: bool) -> bool {
+    (sort_key == POOL_ITEM && new_image_has(ACTIVE)) || (inserted && new_image_has(NUMBER))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    use serde_json::{json, Value};
+
+    use super::pool_item::*;
+    use super::ticket_item::*;
+    use super::*;
+
+    /// template.yaml declares the table by these names: its keys, index and
+    /// TTL attribute, the stream filter [`dispatches`] mirrors, and the
+    /// warm-up key, the one key IAM lets the functions without reads read.
+    #[test]
+    fn the_template_agrees() {
+        let template = include_str!("../../../../template.yaml");
+        for declared in [
+            format!("AttributeName: {PK}"),
+            format!("AttributeName: {SK}"),
+            format!("AttributeName: {NUMBER}"),
+            format!("IndexName: {BY_TICKET}"),
+        ] {
+            assert!(template.contains(&declared), "{declared}");
+        }
+        let lines: Vec<&str> = template.lines().map(str::trim).collect();
+        let after = |line: &str| -> Vec<&str> {
+            lines
+                .windows(2)
+                .filter(|pair| pair[0] == line)
+                .map(|pair| pair[1])
+                .collect()
+        };
+        assert_eq!(
+            after("TimeToLiveSpecification:"),
+            [format!("AttributeName: {EXPIRES_AT}")]
+        );
+        let patterns: Vec<Value> = lines
+            .iter()
+            .filter_map(|line| line.strip_prefix("- Pattern: '")?.strip_suffix('\''))
+            .map(|pattern| serde_json::from_str(pattern).expect(pattern))
+            .collect();
+        let pool_sk = STANDARD.encode(POOL_ITEM);
+        assert_eq!(
+            patterns,
+            [
+                json!({"dynamodb": {"Keys": {SK: {"B": [pool_sk]}}, "NewImage": {ACTIVE: {"N": [{"exists": true}]}}}}),
+                json!({"eventName": ["INSERT"], "dynamodb": {"NewImage": {NUMBER: {"N": [{"exists": true}]}}}}),
+            ]
+        );
+        let warm_up = STANDARD.encode(WARM_UP_KEY);
+        assert_eq!(warm_up, "d2FybS11cA==");
+        let leading = after("dynamodb:LeadingKeys:");
+        assert!(!leading.is_empty());
+        for key in leading {
+            assert_eq!(key, format!("- {warm_up}"));
+        }
+    }
+
+    #[test]
+    fn the_names_of_each_item_kind_are_distinct() {
+        let ring: Vec<String> = (0..crate::domain::ENDED_RING)
+            .map(|place| format!("{ENDED}{place}"))
+            .collect();
+        let mut pool = vec![
+            PK,
+            SK,
+            super::pool_item::INCARNATION,
+            COUNT,
+            BASE,
+            super::pool_item::FENCE,
+            SLOTS,
+            STAMPS,
+            QUEUE,
+            GIVE_UP,
+            TOMBS,
+            LEGACY_ENDED,
+            NEXT_TICKET,
+            ADMITTED,
+            ASYNCS,
+            ACTIVE,
+            WAKE,
+        ];
+        pool.extend(ring.iter().map(String::as_str));
+        assert_eq!(pool.iter().collect::<BTreeSet<_>>().len(), pool.len());
+        // A pool item's insert (a create) must not pass the stream's filter
+        // of new tickets.
+        assert!(!pool.contains(&NUMBER));
+        let ticket = [
+            PK,
+            SK,
+            NUMBER,
+            HOLDER,
+            super::ticket_item::INCARNATION,
+            JOINED,
+            WAIT_UNTIL,
+            CALLBACK_URL,
+            CALLBACK_TOKEN,
+            STATE,
+            POSITION,
+            super::ticket_item::FENCE,
+            GRANTED,
+            EXPIRES,
+            DELIVERED,
+            REASON,
+            ATTEMPTS,
+            EXPIRES_AT,
+        ];
+        assert_eq!(ticket.iter().collect::<BTreeSet<_>>().len(), ticket.len());
+    }
+}
