@@ -39,6 +39,7 @@ macro_rules! on_both_stores {
 
 pub mod counting;
 pub mod faults;
+pub mod forward;
 pub mod harness;
 pub mod history;
 pub mod receiver;

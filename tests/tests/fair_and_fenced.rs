@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use semaphore::domain::{Change, Update};
 use semaphore::keys::PoolKey;
-use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
+use semaphore::store::{PoolStore, StoreError, Updated};
 use semaphore::Limits;
+use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use serde_json::Value;
 use tokio::sync::{oneshot, Mutex};
@@ -331,12 +332,9 @@ struct HoldsTheTombstone {
 }
 
 #[async_trait]
-impl PoolStore for HoldsTheTombstone {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        self.inner.load(key).await
-    }
-    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-        self.inner.create(key, record).await
+impl Around for HoldsTheTombstone {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
     }
     async fn update(
         &self,
@@ -358,9 +356,6 @@ impl PoolStore for HoldsTheTombstone {
         }
         self.inner.update(key, incarnation, update).await
     }
-    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
 }
 
 /// A return reads the pool before its borrow's take or ticket lands, and
@@ -381,11 +376,11 @@ async fn a_return_whose_borrow_lands_just_before_its_tombstone_gives_it_up(backe
         let (reached, reached_rx) = oneshot::channel();
         let (go_tx, go) = oneshot::channel();
         let holding = ApiClient::new(
-            Arc::new(HoldsTheTombstone {
+            Arc::new(Forward(HoldsTheTombstone {
                 inner: store.clone(),
                 reached: Mutex::new(Some(reached)),
                 go: Mutex::new(Some(go)),
-            }),
+            })),
             Limits::default(),
         );
         let lease = uuid::Uuid::new_v4().to_string();

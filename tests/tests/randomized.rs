@@ -14,6 +14,7 @@ use semaphore::api;
 use semaphore::store::{DynamoDbStore, PoolStore};
 use semaphore::Limits;
 use semaphore_tests::faults::{FaultCounts, FaultPlan, FaultyStore};
+use semaphore_tests::forward::Forward;
 use semaphore_tests::harness::{dynamodb_client, dynamodb_store, memory_store, ApiClient, TABLE};
 use semaphore_tests::history::{self, check, Call, CheckConfig, History, Op, Rule};
 use semaphore_tests::truth::{self, Recorder, Truth};
@@ -372,7 +373,7 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
 /// (lost updates) must show over-issue, shared positions or lost leases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checker_catches_a_store_that_ignores_conditions() {
-    let store: Arc<dyn PoolStore> = Arc::new(broken::IgnoresConditions(memory_store()));
+    let store: Arc<dyn PoolStore> = Arc::new(Forward(broken::IgnoresConditions(memory_store())));
     let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
     let workload = Workload::new(seed(), 1500);
     let run = workload::run(&workload, &apis).await;
@@ -400,7 +401,9 @@ async fn checker_catches_a_store_with_stale_reads() {
     let shared = memory_store();
     let apis = instances(
         (0..INSTANCES)
-            .map(|_| Arc::new(broken::StaleReads::new(shared.clone())) as Arc<dyn PoolStore>)
+            .map(|_| {
+                Arc::new(Forward(broken::StaleReads::new(shared.clone()))) as Arc<dyn PoolStore>
+            })
             .collect(),
     );
     let mut workload = Workload::new(seed(), 1500);
@@ -428,7 +431,7 @@ async fn checker_catches_a_store_with_stale_reads() {
 async fn orphans_are_found_when_landed_writes_go_unseen() {
     let truth = Arc::new(Truth::default());
     let store = recorded(memory_store(), &truth);
-    let store: Arc<dyn PoolStore> = Arc::new(broken::HidesLandedGrants::new(store));
+    let store: Arc<dyn PoolStore> = Arc::new(Forward(broken::HidesLandedGrants::new(store)));
     let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
     let mut workload = Workload::new(seed(), 1500);
     // No waiting borrowers: one that waits past its hidden lease's ttl
@@ -458,22 +461,23 @@ mod broken {
     use async_trait::async_trait;
     use semaphore::domain::{Change, Pool, Slot, Update};
     use semaphore::keys::PoolKey;
-    use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
+    use semaphore::store::{PoolStore, Record, StoreError, Updated};
+    use semaphore_tests::forward::Around;
 
     /// Applies every update's changes whatever the pool is now: no condition
     /// but the incarnation is checked.
     pub struct IgnoresConditions(pub Arc<dyn PoolStore>);
 
     #[async_trait]
-    impl PoolStore for IgnoresConditions {
+    impl Around for IgnoresConditions {
+        fn inner(&self) -> &dyn PoolStore {
+            &*self.0
+        }
         async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
             let loaded = self.0.load(key).await;
             // Widen the read-to-write window so that writers overlap.
             tokio::time::sleep(Duration::from_millis(2)).await;
             loaded
-        }
-        async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-            self.0.create(key, record).await
         }
         async fn update(
             &self,
@@ -486,9 +490,6 @@ mod broken {
                 changes: update.changes.clone(),
             };
             self.0.update(key, incarnation, &unconditional).await
-        }
-        async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-            self.0.delete(key).await
         }
     }
 
@@ -542,12 +543,12 @@ mod broken {
     }
 
     #[async_trait]
-    impl PoolStore for HidesLandedGrants {
+    impl Around for HidesLandedGrants {
+        fn inner(&self) -> &dyn PoolStore {
+            &*self.inner
+        }
         async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
             Ok(self.inner.load(key).await?.map(|r| self.hide(key, r)))
-        }
-        async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-            self.inner.create(key, record).await
         }
         async fn update(
             &self,
@@ -589,9 +590,6 @@ mod broken {
                 (_, Updated::Gone) => Ok(Updated::Gone),
             }
         }
-        async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-            self.inner.delete(key).await
-        }
     }
 
     /// Serves each pool's reads from a copy refreshed every 500 ms.
@@ -610,7 +608,10 @@ mod broken {
     }
 
     #[async_trait]
-    impl PoolStore for StaleReads {
+    impl Around for StaleReads {
+        fn inner(&self) -> &dyn PoolStore {
+            &*self.inner
+        }
         async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
             if let Some((at, cached)) = self.cache.lock().unwrap().get(key) {
                 if at.elapsed() < Duration::from_millis(500) {
@@ -623,9 +624,6 @@ mod broken {
                 .unwrap()
                 .insert(*key, (Instant::now(), fresh.clone()));
             Ok(fresh)
-        }
-        async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-            self.inner.create(key, record).await
         }
         async fn update(
             &self,
@@ -644,9 +642,6 @@ mod broken {
                     .insert(*key, (Instant::now(), Some(current.clone())));
             }
             Ok(outcome)
-        }
-        async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-            self.inner.delete(key).await
         }
     }
 }

@@ -13,6 +13,7 @@ use semaphore::domain::Update;
 use semaphore::keys::PoolKey;
 use semaphore::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use semaphore::Limits;
+use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{dynamodb_client, pool_id, ApiClient, Backend, TABLE};
 use serde_json::Value;
 
@@ -57,9 +58,9 @@ fn lost_answer() -> StoreError {
 }
 
 #[async_trait]
-impl PoolStore for Twisted {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        self.inner.load(key).await
+impl Around for Twisted {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
     }
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
         let created = self.inner.create(key, record).await?;
@@ -87,9 +88,6 @@ impl PoolStore for Twisted {
             (true, Twist::LandedThenLost, Updated::Gone) => Ok(Updated::Gone),
         }
     }
-    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
 }
 
 on_both_stores!(
@@ -109,7 +107,7 @@ async fn unknown_outcomes_never_strand_a_slot(backend: Backend) {
         let plain = ApiClient::new(inner.clone(), Limits::default());
         let twisted = |n| {
             ApiClient::new(
-                Arc::new(Twisted::new(inner.clone(), twist, n)),
+                Arc::new(Forward(Twisted::new(inner.clone(), twist, n))),
                 Limits::default(),
             )
         };
@@ -222,18 +220,12 @@ async fn a_store_that_never_answers_gets_502_in_time(_: Backend) {
 struct AlwaysBeaten(Arc<dyn PoolStore>);
 
 #[async_trait]
-impl PoolStore for AlwaysBeaten {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        self.0.load(key).await
-    }
-    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-        self.0.create(key, record).await
+impl Around for AlwaysBeaten {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.0
     }
     async fn update(&self, key: &PoolKey, _: u64, _: &Update) -> Result<Updated, StoreError> {
         Ok(self.0.load(key).await?.map_or(Updated::Gone, Updated::Lost))
-    }
-    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.0.delete(key).await
     }
 }
 
@@ -243,7 +235,7 @@ async fn endless_lost_races_are_a_502_that_says_so(backend: Backend) {
     ApiClient::new(inner.clone(), Limits::default())
         .register(&id, 1)
         .await;
-    let api = ApiClient::new(Arc::new(AlwaysBeaten(inner)), Limits::default());
+    let api = ApiClient::new(Arc::new(Forward(AlwaysBeaten(inner))), Limits::default());
     let started = Instant::now();
     let response = api
         .raw(

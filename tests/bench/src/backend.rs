@@ -18,6 +18,7 @@ use semaphore::store::{
 use semaphore::{config, Limits, Service};
 
 use semaphore_tests::counting::{on_the_wire, Counters, CountingStore, IN_RETURN};
+use semaphore_tests::forward::{Around, Forward};
 
 use crate::report::{WriteTally, DYNAMODB, MEMORY};
 
@@ -101,10 +102,10 @@ impl Backend {
         counters: &Arc<Counters>,
         breakdown: &Arc<Breakdown>,
     ) -> Arc<dyn PoolStore> {
-        Arc::new(Classified {
+        Arc::new(Forward(Classified {
             inner: self.store(counters).await,
             breakdown: breakdown.clone(),
-        })
+        }))
     }
 
     /// A service of its own over a store of its own, counted into `counters`.
@@ -252,13 +253,9 @@ struct Classified {
 }
 
 #[async_trait]
-impl PoolStore for Classified {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        self.inner.load(key).await
-    }
-
-    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-        self.inner.create(key, record).await
+impl Around for Classified {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
     }
 
     async fn update(
@@ -281,10 +278,6 @@ impl PoolStore for Classified {
         };
         self.breakdown.add(kind, how);
         outcome
-    }
-
-    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
     }
 }
 
