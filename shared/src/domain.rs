@@ -1613,8 +1613,10 @@ pub fn by_position(a: &Lease, b: &Lease) -> Ordering {
 }
 
 pub mod ticket;
+mod ticket_step;
 
 pub use ticket::{Callback, TicketGrant, TicketItem, TicketState};
+pub use ticket_step::TicketStep;
 
 #[cfg(test)]
 mod tests;
