@@ -30,6 +30,7 @@ mod pool;
 mod resize;
 mod return_lease;
 pub mod ticket;
+mod ticket_step;
 mod types;
 mod update;
 mod wait;
@@ -47,6 +48,7 @@ pub use pieces::MAX_PRUNE;
 pub use pool::{Pool, MAX_COUNT};
 pub use return_lease::{ReturnPlan, MAX_TOMBS, TOMB_MS};
 pub use ticket::{Callback, TicketGrant, TicketItem, TicketState};
+pub use ticket_step::TicketStep;
 pub use types::{
     by_position, Ended, Holder, Inconsistent, Lease, LeaseDigest, Line, PoolState, Sizing, Slot,
     Stamp, Ticket, Tomb, ENDED_KEEP_MS, ENDED_RING, SHORT_GRANT_MS, TICKET_GRACE_MS,

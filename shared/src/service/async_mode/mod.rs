@@ -1,0 +1,80 @@
+//! Async mode in the service: enqueue, a ticket's status, cancel, admission
+//! from the backlog, and the dispatcher's step (everything but the callback
+//! itself, which is `crate::delivery`'s). See `docs/DESIGN.md`.
+
+use crate::domain::{Holder, TicketItem, TicketState};
+use crate::error::Error;
+use crate::keys::PoolKey;
+use crate::store::{StoreError, StoreErrorKind, TicketStore, TicketUpdated};
+
+use super::harness::Ctx;
+use super::Service;
+
+mod admit;
+mod cancel;
+mod delivery;
+mod enqueue;
+mod step;
+mod ticket;
+
+pub(in crate::service) use admit::admit;
+pub use admit::ASYNC_WINDOW;
+pub use enqueue::{EnqueueRequest, Enqueued};
+pub use step::{Step, ToDeliver};
+pub use ticket::TicketReport;
+
+/// The void item that fills a ticket number whose request found its lease
+/// id's ticket already there: admission steps over it at once.
+pub(super) fn void(number: u64, incarnation: u64, now_ms: u64) -> TicketItem {
+    let mut digest = [0xffu8; 8];
+    digest[..].copy_from_slice(&(!number).to_be_bytes());
+    TicketItem {
+        number,
+        holder: Holder {
+            digest: crate::domain::LeaseDigest(digest),
+            ttl_ms: 1,
+        },
+        incarnation,
+        joined_ms: now_ms,
+        wait_until_ms: now_ms,
+        callback: None,
+        state: TicketState::Cancelled,
+        attempts: 0,
+    }
+}
+
+impl Service {
+    fn ticket_store(&self) -> Result<&dyn TicketStore, Error> {
+        self.tickets.as_deref().ok_or_else(|| {
+            Error::Store(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "async mode is not configured on this server",
+            ))
+        })
+    }
+
+    /// Moves a ticket to `to` unless it has moved already: the ticket as it
+    /// is after, and whether this call moved it.
+    async fn move_ticket(
+        &self,
+        ctx: &mut Ctx<'_>,
+        key: &PoolKey,
+        item: TicketItem,
+        to: TicketState,
+    ) -> Result<(TicketItem, bool), Error> {
+        let tickets = self.ticket_store()?;
+        if !item.state.may_become(&to) {
+            return Ok((item, false));
+        }
+        Ok(
+            match ctx
+                .call(tickets.set_ticket_state(key, item.digest(), &item.state, &to))
+                .await?
+            {
+                TicketUpdated::Written(item) => (item, true),
+                TicketUpdated::Lost(item) => (item, false),
+                TicketUpdated::Gone => (item, false),
+            },
+        )
+    }
+}

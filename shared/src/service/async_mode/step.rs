@@ -1,0 +1,287 @@
+//! The dispatcher's step on one pool: admission, hand-offs owed to async
+//! tickets, their grants recorded, tickets that left the queue ungranted
+//! ended, and when to look again. What to do with each listed ticket is
+//! [`Pool::ticket_step`]'s; the writes it names are made here.
+
+use std::time::Duration;
+
+use crate::clock::now_ms;
+use crate::domain::{
+    LeaseDigest, Pool, ReturnPlan, TicketGrant, TicketItem, TicketState, TicketStep,
+    TICKET_GRACE_MS,
+};
+use crate::error::Error;
+use crate::keys::PoolKey;
+use crate::service::harness::{write, Ctx};
+use crate::service::{Call, Service};
+use crate::store::{Record, TicketStore, Updated};
+
+use super::admit;
+
+/// A grant the dispatcher recorded, to deliver.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToDeliver {
+    pub item: TicketItem,
+    pub grant: TicketGrant,
+}
+
+/// What one dispatcher step did and what it leaves to do.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Step {
+    /// Granted tickets not yet delivered (recorded now or before).
+    pub deliver: Vec<ToDeliver>,
+    /// When the pool next needs a step without any write to it: a lease
+    /// expiry while async tickets wait, or a ticket's wait ending (Unix ms).
+    pub wake_ms: Option<u64>,
+    /// Whether the pool still has async work (its flag).
+    pub active: bool,
+    /// Tickets in line: the backlog's numbers and the queue's live tickets.
+    pub depth: u64,
+}
+
+/// One round of a step over the listed tickets: the pool's key, the round's
+/// time, the step's findings, and its lost writes in a row.
+struct Round<'r> {
+    key: &'r PoolKey,
+    now: u64,
+    step: &'r mut Step,
+    lost: &'r mut u32,
+}
+
+impl Service {
+    /// The dispatcher's work on one pool after a change (or at a wake):
+    /// admits backlog tickets, hands free slots owed to async tickets at the
+    /// head, records their grants, ends tickets that left the queue
+    /// ungranted, and says when to look again. Delivery is the caller's.
+    ///
+    /// `delivering`: the tickets whose delivery the caller is making; they
+    /// are left be (their delivery's end records them).
+    pub async fn dispatch_step(
+        &self,
+        key: &PoolKey,
+        delivering: &[LeaseDigest],
+        call: &mut Call,
+    ) -> Result<Step, Error> {
+        let tickets = self.ticket_store()?;
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        let Some(mut record) = ctx.load(key).await? else {
+            return Ok(Step::default());
+        };
+        let mut lost = 0u32;
+        let mut step = Step::default();
+        // Each round writes at most once; a pool settles in a few.
+        for _ in 0..64 {
+            let now = now_ms();
+            if let Some(admitted) = admit(&mut ctx, key, &record, self.limits.max_waiters).await? {
+                record = admitted;
+                continue;
+            }
+            let async_queued = record
+                .pool
+                .queue()
+                .iter()
+                .any(|t| record.pool.async_number(t.holder.digest).is_some());
+            if async_queued {
+                if let Some(update) = record.pool.plan_serve(now) {
+                    record = write(&mut ctx, key, &record, &update, &mut lost).await?;
+                    continue;
+                }
+            }
+            // Listed async tickets: granted, or out of the queue ungranted.
+            let round = Round {
+                key,
+                now,
+                step: &mut step,
+                lost: &mut lost,
+            };
+            let changed;
+            (record, changed) = self
+                .visit_listed(&mut ctx, tickets, delivering, record, round)
+                .await?;
+            if changed {
+                continue;
+            }
+            break;
+        }
+        if let Some(update) = record.pool.plan_settle() {
+            // Its writes stop invoking the dispatcher (a lost settle: work
+            // arrived meanwhile, and its write invoked a step).
+            if let Ok(Updated::Written(settled)) = ctx.write(key, &record, &update).await {
+                record = settled;
+            }
+        }
+        step.finish(&record.pool, now_ms());
+        Ok(step)
+    }
+
+    /// Visits the listed async tickets (but those in `delivering`): the
+    /// record after the round's writes, and whether any ticket was unlisted.
+    async fn visit_listed(
+        &self,
+        ctx: &mut Ctx<'_>,
+        tickets: &dyn TicketStore,
+        delivering: &[LeaseDigest],
+        mut record: Record,
+        round: Round<'_>,
+    ) -> Result<(Record, bool), Error> {
+        let Round {
+            key,
+            now,
+            step,
+            lost,
+        } = round;
+        let mut changed = false;
+        for (digest, _) in record.pool.line().asyncs.clone() {
+            if delivering.contains(&digest) {
+                continue;
+            }
+            // A ticket waiting in the queue, its wait not over and no
+            // slot handed to it, needs no read: nothing to do for it.
+            if !record.pool.listed_needs_read(digest, now) {
+                continue;
+            }
+            let Some(item) = ctx.call(tickets.ticket(key, digest)).await? else {
+                // No item (a bug, or deleted): unlist it.
+                if let Some(update) = record.pool.plan_unlist(digest) {
+                    record = write(ctx, key, &record, &update, lost).await?;
+                    changed = true;
+                }
+                continue;
+            };
+            let ended;
+            (record, ended) = self
+                .visit(
+                    ctx,
+                    Round {
+                        key,
+                        now,
+                        step: &mut *step,
+                        lost: &mut *lost,
+                    },
+                    record,
+                    digest,
+                    item,
+                )
+                .await?;
+            if ended {
+                if let Some(update) = record.pool.plan_unlist(digest) {
+                    record = write(ctx, key, &record, &update, lost).await?;
+                    changed = true;
+                }
+            }
+        }
+        Ok((record, changed))
+    }
+
+    /// Makes the writes [`Pool::ticket_step`] names for the listed ticket
+    /// of `digest`, whose item is `item`: the record after them, and whether
+    /// the ticket ended (then it is unlisted).
+    async fn visit(
+        &self,
+        ctx: &mut Ctx<'_>,
+        round: Round<'_>,
+        mut record: Record,
+        digest: LeaseDigest,
+        item: TicketItem,
+    ) -> Result<(Record, bool), Error> {
+        let Round {
+            key,
+            now,
+            step,
+            lost,
+        } = round;
+        let ended = match record.pool.ticket_step(&item, now) {
+            // Ended ungranted (cancelled or expired) while a slot
+            // was being handed to it, or failed with its lease not
+            // yet returned (that write failed): nobody holds it.
+            TicketStep::ReturnThenUnlist => {
+                if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now) {
+                    record = write(ctx, key, &record, &update, lost).await?;
+                }
+                true
+            }
+            // Ended: no longer the pool's business.
+            TicketStep::Unlist => true,
+            // Granted, not yet delivered (delivery under way, or cut
+            // short by a crash): listed until it ends, so that a
+            // later step delivers it again.
+            TicketStep::Redeliver(grant) => {
+                step.deliver.push(ToDeliver { grant, item });
+                false
+            }
+            TicketStep::Record { grant, live } => {
+                let (item, moved) = self
+                    .move_ticket(ctx, key, item, TicketState::Granted(grant))
+                    .await?;
+                if moved {
+                    step.deliver.push(ToDeliver { item, grant });
+                    false
+                } else {
+                    // Cancelled or expired before its grant was
+                    // recorded: nobody will use the slot.
+                    if live {
+                        if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now)
+                        {
+                            record = write(ctx, key, &record, &update, lost).await?;
+                        }
+                    }
+                    item.state.is_final()
+                }
+            }
+            // Waits in the queue: ends when its wait does.
+            TicketStep::Wait => false,
+            TicketStep::Expire { index } => {
+                self.move_ticket(ctx, key, item, TicketState::Expired)
+                    .await?;
+                let update = record.pool.plan_cancel(&record.pool.queue()[index].holder);
+                if let Some(update) = update {
+                    record = write(ctx, key, &record, &update, lost).await?;
+                }
+                true
+            }
+            // Left the queue ungranted: pruned as dead, or its lease
+            // id returned (a cancel by return).
+            TicketStep::End(end) => {
+                self.move_ticket(ctx, key, item, end).await?;
+                true
+            }
+        };
+        Ok((record, ended))
+    }
+}
+
+impl Step {
+    /// The step's outcome from the pool as it leaves it: each grant to
+    /// deliver once, the pool's flag and depth, and when to step again.
+    fn finish(&mut self, pool: &Pool, now: u64) {
+        // Rounds see the same granted tickets again.
+        self.deliver.sort_by_key(|d| d.item.digest());
+        self.deliver.dedup_by_key(|d| d.item.digest());
+        self.active = pool.line().active;
+        self.depth =
+            pool.line().next.saturating_sub(pool.line().admitted) + pool.waiting(now) as u64;
+        let waiting_asyncs: Vec<u64> = pool
+            .queue()
+            .iter()
+            .filter(|t| pool.async_number(t.holder.digest).is_some())
+            .map(|t| (t.give_up_s * 1000).saturating_add(TICKET_GRACE_MS))
+            .collect();
+        if !waiting_asyncs.is_empty() {
+            // A lease expiring frees a slot with no write to see.
+            let expiry = pool.nth_expiry(1, now);
+            self.wake_ms = waiting_asyncs.into_iter().chain(expiry).min();
+        }
+        if !self.deliver.is_empty() {
+            // Deliveries under way end within the bound; a step then unlists
+            // them (or delivers again what a crash cut short).
+            let soon = now + 30_000;
+            self.wake_ms = Some(self.wake_ms.map_or(soon, |w| w.min(soon)));
+        }
+        if pool.line().has_backlog() {
+            // Admission passes tickets whose wait ended (they end `expired`)
+            // and, after GAP_MS, numbers without a ticket.
+            let soon = now + 1_000;
+            self.wake_ms = Some(self.wake_ms.map_or(soon, |w| w.min(soon)));
+        }
+    }
+}

@@ -1,0 +1,391 @@
+//! `POST …/borrow`: take a free slot, join the queue (or the backlog), wait
+//! there until a slot is handed over, and give up in time.
+
+use std::time::{Duration, Instant};
+
+use crate::clock::now_ms;
+use crate::domain::{BorrowPlan, Holder, Lease, TicketItem, TicketState, WaitPlan};
+use crate::error::Error;
+use crate::keys::{LeaseId, PoolId, PoolKey};
+use crate::store::{PutTicket, Record, TicketStore};
+
+use super::async_mode::{admit, void};
+use super::harness::{write, Ctx};
+use super::pacing::{Forecast, Pace};
+use super::{Call, Service};
+
+/// A granted lease, as the borrow response reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grant {
+    pub lease: LeaseId,
+    pub position: u16,
+    pub expires_at_ms: u64,
+    /// What the borrower is told it has: the clamped ttl for a slot it took
+    /// at once, the time left for one handed to it while it waited (the
+    /// lease runs from the hand-off) and for an idempotent repeat.
+    pub expires_in_ms: u64,
+    pub fence: u64,
+}
+
+/// Borrow parameters after validation (clamping is the service's).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BorrowRequest {
+    pub ttl_ms: u64,
+    pub wait_ms: u64,
+    /// The lease id: the client's (making the borrow idempotent, and its
+    /// wait cancellable by a return of that id), or one the server chose.
+    pub lease: LeaseId,
+}
+
+impl Service {
+    /// `POST …/borrow`: the lowest free position, or, when none is free or
+    /// others wait, a place in the queue until a slot is handed to this
+    /// borrower or its wait ends.
+    pub async fn borrow(
+        &self,
+        id: PoolId,
+        request: BorrowRequest,
+        call: &mut Call,
+    ) -> Result<Grant, Error> {
+        let ttl_ms = request.ttl_ms.min(self.limits.max_ttl_ms).max(1);
+        let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
+        let mut ctx = self.ctx(call, wait);
+        let started = Instant::now();
+        // Stop waiting in time to cancel the ticket before answering.
+        let give_up = (started + wait)
+            .min(
+                ctx.answer_by
+                    .checked_sub(ctx.timing.cancel_reserve)
+                    .unwrap_or(started),
+            )
+            .max(started);
+        let borrower = Borrower {
+            key: id.key(),
+            lease: request.lease,
+            holder: Holder {
+                digest: request.lease.digest(),
+                ttl_ms,
+            },
+            give_up,
+            give_up_ms: now_ms() + (give_up - started).as_millis() as u64,
+            max_waiters: self.limits.max_waiters,
+        };
+        borrower.run(&mut ctx).await
+    }
+}
+
+/// One borrow in progress.
+struct Borrower {
+    key: PoolKey,
+    lease: LeaseId,
+    holder: Holder,
+    /// When it stops waiting (and its wall-clock twin, stored in its ticket).
+    give_up: Instant,
+    give_up_ms: u64,
+    max_waiters: usize,
+}
+
+/// Where a borrow stands after its first writes.
+enum Placed {
+    /// A slot: the lease, and whether this request's own take granted it.
+    Granted(Lease, bool),
+    /// A ticket in the queue (its own, or a twin request's), joined at ms.
+    Queued(Record, Holder, u64),
+}
+
+impl Borrower {
+    async fn run(&self, ctx: &mut Ctx<'_>) -> Result<Grant, Error> {
+        let record = ctx.load_existing(&self.key).await?;
+        let incarnation = record.incarnation;
+        let (record, mine, joined_ms) = match self.place(ctx, record).await? {
+            Placed::Granted(lease, own) => return Ok(self.grant(&lease, now_ms(), own)),
+            Placed::Queued(record, mine, joined_ms) => (record, mine, joined_ms),
+        };
+        self.wait(ctx, incarnation, record, mine, joined_ms).await
+    }
+
+    /// Takes a free slot, or joins the queue.
+    async fn place(&self, ctx: &mut Ctx<'_>, mut record: Record) -> Result<Placed, Error> {
+        let incarnation = record.incarnation;
+        let mut lost = 0u32;
+        // The grant times of the takes we tried: a lease of ours found with
+        // one of them is this request's own grant.
+        let mut tried: Vec<u64> = Vec::new();
+        // A borrower that may wait and lost a take joins the queue instead of
+        // racing for the next free slot (joins never collide).
+        let mut take = true;
+        loop {
+            if record.incarnation != incarnation {
+                // Deleted (and maybe registered again) while we were at it.
+                return Err(Error::PoolNotFound);
+            }
+            if let Some(lease) = record
+                .pool
+                .leases()
+                .into_iter()
+                .find(|l| l.digest == self.holder.digest && tried.contains(&l.granted_ms))
+            {
+                // Ours even if expired since (a take that landed late).
+                return Ok(Placed::Granted(lease, true));
+            }
+            let now = now_ms();
+            let may_wait = Instant::now() < self.give_up;
+            let plan = record.pool.plan_borrow_or_join(
+                self.holder,
+                self.give_up_ms,
+                now,
+                self.max_waiters,
+                take || !may_wait,
+            );
+            match plan {
+                BorrowPlan::Held(lease) => return Ok(Placed::Granted(lease, false)),
+                BorrowPlan::Queued(holder) => return Ok(Placed::Queued(record, holder, now)),
+                // Given up before this request was seen, or no place to wait.
+                BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
+                BorrowPlan::Backlog if !may_wait => return Err(Error::Exhausted),
+                BorrowPlan::Backlog => return self.wait_in_backlog(ctx, incarnation).await,
+                BorrowPlan::Prune(update) => {
+                    record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                }
+                BorrowPlan::Take { update, .. } => {
+                    tried.push(now);
+                    record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    // Lost unless the lease it wrote is there (checked above).
+                    take = false;
+                }
+                BorrowPlan::Join(update) => {
+                    if !may_wait {
+                        // `wait: 0` (or no time left): no waiting at all.
+                        return Err(Error::Exhausted);
+                    }
+                    let joined = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
+                        return Ok(Placed::Queued(joined, self.holder, now));
+                    }
+                    record = joined;
+                }
+            }
+        }
+    }
+
+    /// Waits in the queue until a slot is handed to `mine`, handing free
+    /// slots to the head when it is this reader's turn to, and gives up in
+    /// time to cancel its ticket.
+    async fn wait(
+        &self,
+        ctx: &mut Ctx<'_>,
+        incarnation: u64,
+        mut record: Record,
+        mine: Holder,
+        joined_ms: u64,
+    ) -> Result<Grant, Error> {
+        let mut lost = 0u32;
+        let mut pace = Pace::default();
+        let mut forecast = Forecast::default();
+        loop {
+            if record.incarnation != incarnation {
+                return Err(Error::PoolNotFound);
+            }
+            let now = now_ms();
+            let (ahead, needed) = match record.pool.plan_wait(&mine, joined_ms, now) {
+                WaitPlan::Granted(lease) => return Ok(self.grant(&lease, now, false)),
+                // Cancelled by a return of its lease id, or pruned as dead.
+                WaitPlan::Gone => return Err(Error::Exhausted),
+                WaitPlan::Waiting {
+                    duty: Some(update), ..
+                } => {
+                    record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                    continue;
+                }
+                WaitPlan::Waiting { ahead, needed, .. } => {
+                    if needed == 0 {
+                        // A free slot, but dead tickets block the hand-off.
+                        if let Some(update) = record.pool.plan_prune(now) {
+                            record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+                            continue;
+                        }
+                    }
+                    (ahead, needed)
+                }
+            };
+            if Instant::now() >= self.give_up {
+                return self
+                    .give_up(ctx, incarnation, record, mine, joined_ms)
+                    .await;
+            }
+            let nap = ctx
+                .timing
+                .poll_interval(ahead, needed, &record.pool, now, &mut pace);
+            // Read around the time the slot it waits for is expected to be
+            // handed on (a shorter nap only, never a longer one).
+            let nap = match forecast.observe(&record.pool, needed, now) {
+                Some(due) => nap.min(ctx.timing.near(due, now)),
+                None => nap,
+            };
+            // Once the next returns may serve it, read well within its ttl:
+            // a slot handed to it is its lease from the hand-off on.
+            let nap = if ahead < usize::from(record.pool.count().max(1)) {
+                nap.min(Duration::from_millis(mine.ttl_ms / 3).max(ctx.timing.poll_min))
+            } else {
+                nap
+            };
+            let nap = match record.pool.nth_expiry(needed, now) {
+                // Wake as the lease whose end makes it this reader's turn
+                // expires, so that its slot is handed on within milliseconds.
+                Some(expiry) => nap.min(Duration::from_millis(expiry.saturating_sub(now))),
+                None => nap,
+            };
+            let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
+            tokio::time::sleep(nap).await;
+            ctx.stats.waited += nap;
+            record = ctx.load_existing(&self.key).await?;
+        }
+    }
+
+    /// At the end of its wait: takes its ticket out of the queue, or finds
+    /// the slot handed to it meanwhile (then the grant stands: a slot is
+    /// never left to a borrower that answered 409).
+    async fn give_up(
+        &self,
+        ctx: &mut Ctx<'_>,
+        incarnation: u64,
+        mut record: Record,
+        mine: Holder,
+        joined_ms: u64,
+    ) -> Result<Grant, Error> {
+        let mut lost = 0u32;
+        loop {
+            if record.incarnation != incarnation {
+                return Err(Error::PoolNotFound);
+            }
+            let now = now_ms();
+            if let WaitPlan::Granted(lease) = record.pool.plan_wait(&mine, joined_ms, now) {
+                return Ok(self.grant(&lease, now, false));
+            }
+            let Some(update) = record.pool.plan_cancel(&mine) else {
+                return Err(Error::Exhausted);
+            };
+            record = write(ctx, &self.key, &record, &update, &mut lost).await?;
+        }
+    }
+
+    /// The answer for a lease held under our id: a slot this request took
+    /// carries its full ttl (API.md: `expires_in` is the clamped ttl); one
+    /// handed to it while it waited, or an idempotent repeat, the time left.
+    fn grant(&self, lease: &Lease, now_ms: u64, own: bool) -> Grant {
+        let expires_in_ms = if own {
+            lease.ttl_ms
+        } else {
+            lease.expires_at_ms.saturating_sub(now_ms).max(1)
+        };
+        Grant {
+            lease: self.lease,
+            position: lease.position,
+            expires_at_ms: lease.expires_at_ms,
+            expires_in_ms,
+            fence: lease.fence,
+        }
+    }
+
+    /// A borrower that finds tickets in the backlog waits there too: takes
+    /// the next number, writes its ticket item, and waits to be admitted
+    /// (admitting the backlog's head itself when it reads, so a backlog of
+    /// sync borrowers moves without the dispatcher).
+    async fn wait_in_backlog(&self, ctx: &mut Ctx<'_>, incarnation: u64) -> Result<Placed, Error> {
+        let Some(tickets) = ctx.tickets else {
+            return Err(Error::Exhausted);
+        };
+        let (mut record, number, joined_ms) = self.join_backlog(ctx, tickets, incarnation).await?;
+        let mut round = 0u32;
+        loop {
+            if record.incarnation != incarnation {
+                return Err(Error::PoolNotFound);
+            }
+            let now = now_ms();
+            if let WaitPlan::Granted(lease) = record.pool.plan_wait(&self.holder, joined_ms, now) {
+                return Ok(Placed::Granted(lease, false));
+            }
+            if record.pool.ticket_of(self.holder.digest).is_some() {
+                return Ok(Placed::Queued(record, self.holder, joined_ms));
+            }
+            if record.pool.line().admitted > number {
+                // Passed without being admitted: it ended (its wait, or a
+                // return of its lease id cancelled it).
+                return Err(Error::Exhausted);
+            }
+            if Instant::now() >= self.give_up {
+                let _ = ctx
+                    .call(tickets.set_ticket_state(
+                        &self.key,
+                        self.holder.digest,
+                        &TicketState::Waiting,
+                        &TicketState::Cancelled,
+                    ))
+                    .await;
+                // Admitted meanwhile: the queue's give-up takes it out.
+                let record = ctx.load_existing(&self.key).await?;
+                return Ok(Placed::Queued(record, self.holder, joined_ms));
+            }
+            if let Some(admitted) = admit(ctx, &self.key, &record, self.max_waiters).await? {
+                record = admitted;
+                continue;
+            }
+            round += 1;
+            let nap = ctx.timing.backlog_nap(round, self.give_up);
+            tokio::time::sleep(nap).await;
+            ctx.stats.waited += nap;
+            record = ctx.load_existing(&self.key).await?;
+        }
+    }
+
+    /// Joins the backlog: takes the next number and writes its ticket item.
+    /// The record as the number left it, the number, and when it joined;
+    /// `Exhausted` when this lease id has a ticket already.
+    async fn join_backlog(
+        &self,
+        ctx: &mut Ctx<'_>,
+        tickets: &dyn TicketStore,
+        incarnation: u64,
+    ) -> Result<(Record, u64, u64), Error> {
+        let record = ctx
+            .call(ctx.store.number_ticket(&self.key))
+            .await?
+            .ok_or(Error::PoolNotFound)?;
+        if record.incarnation != incarnation {
+            return Err(Error::PoolNotFound);
+        }
+        let number = record.pool.line().next - 1;
+        let joined_ms = now_ms();
+        let item = TicketItem {
+            number,
+            holder: self.holder,
+            incarnation,
+            joined_ms,
+            wait_until_ms: self.give_up_ms,
+            callback: None,
+            state: TicketState::Waiting,
+            attempts: 0,
+        };
+        let mut failures = 0u32;
+        loop {
+            match ctx.call(tickets.put_ticket(&self.key, &item)).await {
+                Ok(PutTicket::Created) => break,
+                Ok(PutTicket::Exists(existing))
+                    if existing.number == number && existing.incarnation == incarnation =>
+                {
+                    break
+                }
+                // This lease id has a ticket already (a twin request's, or
+                // an async one): not a second one.
+                Ok(PutTicket::Exists(_)) => {
+                    let _ = ctx
+                        .call(tickets.put_ticket(&self.key, &void(number, incarnation, joined_ms)))
+                        .await;
+                    return Err(Error::Exhausted);
+                }
+                Err(err) => ctx.retry_after(err, &mut failures).await?,
+            }
+        }
+        Ok((record, number, joined_ms))
+    }
+}

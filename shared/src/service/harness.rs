@@ -1,0 +1,223 @@
+//! One request's store calls: bounded by its answer-by time, failed calls
+//! retried, lost writes retried and napped after.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use crate::domain::Update;
+use crate::error::Error;
+use crate::keys::PoolKey;
+use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
+use semaphore_wire::Backoff;
+
+use super::{Service, Timing, Watch};
+
+/// What one request cost, for its log line and metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub store_calls: u32,
+    /// Store calls that failed (errors and timeouts).
+    pub store_errors: u32,
+    /// Conditional writes lost to another writer.
+    pub conflicts: u32,
+    /// Time spent waiting for a slot (sleeping between polls).
+    pub waited: Duration,
+}
+
+/// One request in flight: its Lambda deadline, if any, and what it cost.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Call {
+    pub deadline: Option<Instant>,
+    pub stats: Stats,
+}
+
+impl Call {
+    pub fn new(deadline: Option<Instant>) -> Self {
+        Call {
+            deadline,
+            stats: Stats::default(),
+        }
+    }
+}
+
+/// A request's working state: when it must answer by, and its store calls.
+pub(super) struct Ctx<'a> {
+    pub(super) store: &'a dyn PoolStore,
+    pub(super) tickets: Option<&'a dyn TicketStore>,
+    pub(super) watch: Option<&'a Watch>,
+    pub(super) timing: Timing,
+    pub(super) answer_by: Instant,
+    pub(super) stats: &'a mut Stats,
+}
+
+impl Service {
+    pub(super) fn ctx<'a>(&'a self, call: &'a mut Call, wait: Duration) -> Ctx<'a> {
+        let now = Instant::now();
+        let answer_by = match call.deadline {
+            Some(deadline) => deadline
+                .checked_sub(self.timing.deadline_margin)
+                .unwrap_or(now)
+                .max(now),
+            None => now + wait + self.timing.local_budget,
+        };
+        Ctx {
+            store: self.store.as_ref(),
+            tickets: self.tickets.as_deref(),
+            watch: self.watch.as_ref(),
+            timing: self.timing,
+            answer_by,
+            stats: &mut call.stats,
+        }
+    }
+}
+
+/// Writes `update`, planned from `read`; the record to decide from next: the
+/// new one, the one a lost write handed back, or (outcome unknown) a fresh
+/// read.
+pub(super) async fn write(
+    ctx: &mut Ctx<'_>,
+    key: &PoolKey,
+    read: &Record,
+    update: &Update,
+    lost: &mut u32,
+) -> Result<Record, Error> {
+    match ctx.write(key, read, update).await {
+        Ok(Updated::Written(record)) => {
+            *lost = 0;
+            Ok(record)
+        }
+        Ok(Updated::Lost(record)) => {
+            if ctx.lost(lost).await? {
+                return ctx.load_existing(key).await;
+            }
+            Ok(record)
+        }
+        Ok(Updated::Gone) => Err(Error::PoolNotFound),
+        Err(err) => ctx.reload(key, err).await?.ok_or(Error::PoolNotFound),
+    }
+}
+
+impl Ctx<'_> {
+    /// Runs one store call, bounded by the time left.
+    pub(super) async fn call<T>(
+        &mut self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        self.stats.store_calls += 1;
+        let until = self
+            .answer_by
+            .min(Instant::now() + self.timing.call_timeout);
+        let result = match tokio::time::timeout_at(until.into(), call).await {
+            Ok(result) => result,
+            Err(_) => Err(StoreError::new(
+                StoreErrorKind::TimedOut,
+                "no answer from the database in the time left",
+            )),
+        };
+        if result.is_err() {
+            self.stats.store_errors += 1;
+        }
+        result
+    }
+
+    /// Writes `update`, planned from `read`, conditioned on `read`'s incarnation.
+    pub(super) async fn write(
+        &mut self,
+        key: &PoolKey,
+        read: &Record,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let result = self
+            .call(self.store.update(key, read.incarnation, update))
+            .await;
+        match &result {
+            Ok(Updated::Lost(_)) => self.stats.conflicts += 1,
+            // As the stream's filter passes writes to the dispatcher.
+            Ok(Updated::Written(record)) if record.pool.line().active => self.changed(key),
+            _ => {}
+        }
+        result
+    }
+
+    pub(super) fn changed(&self, key: &PoolKey) {
+        if let Some(watch) = self.watch {
+            watch(*key);
+        }
+    }
+
+    /// Reads the pool, retrying failed reads while there is time.
+    pub(super) async fn load(&mut self, key: &PoolKey) -> Result<Option<Record>, Error> {
+        let mut failures = 0u32;
+        loop {
+            match self.call(self.store.load(key)).await {
+                Ok(record) => return Ok(record),
+                Err(err) => self.retry_after(err, &mut failures).await?,
+            }
+        }
+    }
+
+    pub(super) async fn load_existing(&mut self, key: &PoolKey) -> Result<Record, Error> {
+        self.load(key).await?.ok_or(Error::PoolNotFound)
+    }
+
+    /// After a write whose outcome is unknown: the pool as it is now, to see
+    /// whether the write landed. The write's own error if no read succeeds.
+    pub(super) async fn reload(
+        &mut self,
+        key: &PoolKey,
+        err: StoreError,
+    ) -> Result<Option<Record>, Error> {
+        if !err.is_transient() {
+            return Err(err.into());
+        }
+        // At once: the sooner we look, the less can have changed since.
+        self.load(key).await
+    }
+
+    /// Naps before retrying a failed call; the error when there is no time.
+    pub(super) async fn retry_after(
+        &mut self,
+        err: StoreError,
+        failures: &mut u32,
+    ) -> Result<(), Error> {
+        if !err.is_transient() {
+            return Err(err.into());
+        }
+        *failures += 1;
+        self.nap(*failures, self.timing.retry)
+            .await
+            .map_err(|()| Error::from(err))
+    }
+
+    /// After a lost conditional write: retry at once (with the record it
+    /// handed back) twice, then nap; past the answer-by time, too much
+    /// contention. `Ok(true)` after a nap: the handed-back record is stale
+    /// by then, so decide from a fresh read.
+    pub(super) async fn lost(&mut self, lost: &mut u32) -> Result<bool, Error> {
+        *lost += 1;
+        if Instant::now() >= self.answer_by {
+            return Err(Error::Contention);
+        }
+        const IMMEDIATE: u32 = 2;
+        if *lost <= IMMEDIATE {
+            return Ok(false);
+        }
+        self.nap(*lost - IMMEDIATE, self.timing.conflict)
+            .await
+            .map_err(|()| Error::Contention)?;
+        Ok(true)
+    }
+
+    /// Sleeps the `n`th pause (from 1) of `backoff`, unless it would end
+    /// past the answer-by time (then `Err`).
+    async fn nap(&self, n: u32, backoff: Backoff) -> Result<(), ()> {
+        let nap = backoff.pause(n - 1);
+        if Instant::now() + nap + self.timing.call_timeout.min(Duration::from_millis(50))
+            >= self.answer_by
+        {
+            return Err(());
+        }
+        tokio::time::sleep(nap).await;
+        Ok(())
+    }
+}

@@ -1,0 +1,72 @@
+//! `PUT`: create a pool, or resize it keeping its leases.
+
+use std::time::Duration;
+
+use crate::clock::{now_ms, now_us};
+use crate::domain::{Pool, PoolState};
+use crate::error::Error;
+use crate::keys::PoolId;
+use crate::store::{Created, Record, Updated};
+
+use super::{Call, Service};
+
+impl Service {
+    /// `PUT`: creates the pool, or sets its count keeping live leases.
+    pub async fn register(
+        &self,
+        id: PoolId,
+        count: u16,
+        call: &mut Call,
+    ) -> Result<PoolState, Error> {
+        let key = id.key();
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        let mut fresh = Record::new(Pool::new(count, now_us()));
+        let mut lost = 0u32;
+        loop {
+            let mut current = match ctx.call(ctx.store.create(&key, &fresh)).await {
+                Ok(Created::Created(record)) => return Ok(record.pool.state(now_ms())),
+                Ok(Created::Exists(current)) => current,
+                // Unknown outcome: our create may have landed.
+                Err(err) => match ctx.reload(&key, err).await? {
+                    // Ours landed: answer the pool as our write left it,
+                    // not as later calls may have changed it since.
+                    Some(current) if current.incarnation == fresh.incarnation => {
+                        return Ok(fresh.pool.state(now_ms()));
+                    }
+                    Some(current) => current,
+                    None => continue,
+                },
+            };
+            // Resize the pool that exists, deciding again from each record
+            // a lost write hands back; start over if it is deleted.
+            loop {
+                let Some(update) = current.pool.plan_resize(count, now_ms()) else {
+                    return Ok(current.pool.state(now_ms()));
+                };
+                match ctx.write(&key, &current, &update).await {
+                    Ok(Updated::Written(record)) => {
+                        if record.pool.plan_resize(count, now_ms()).is_none() {
+                            return Ok(record.pool.state(now_ms()));
+                        }
+                        // More to trim than one write carries.
+                        current = record;
+                    }
+                    Ok(Updated::Lost(record)) if record.incarnation == current.incarnation => {
+                        if ctx.lost(&mut lost).await? {
+                            current = ctx.load_existing(&key).await?;
+                        } else {
+                            current = record;
+                        }
+                    }
+                    Ok(Updated::Lost(_) | Updated::Gone) => break,
+                    Err(err) => match ctx.reload(&key, err).await? {
+                        Some(now) if now.incarnation == current.incarnation => current = now,
+                        _ => break,
+                    },
+                }
+            }
+            ctx.lost(&mut lost).await?;
+            fresh = Record::new(Pool::new(count, now_us()));
+        }
+    }
+}
