@@ -112,7 +112,6 @@ impl CallbackPolicy {
     }
 
     /// The addresses of `name`, every one of them allowed.
-    /// The addresses of `name`, every one of them allowed.
     pub(crate) async fn resolve(&self, name: &str) -> Result<Vec<SocketAddr>, Refusal> {
         let addrs: Vec<SocketAddr> = tokio::net::lookup_host((name, 0))
             .await

@@ -21,3 +21,6 @@ pub mod store;
 pub use api::{lambda, openapi, Route};
 pub use error::Error;
 pub use service::{Limits, Service};
+
+#[cfg(test)]
+mod layout_tests;

@@ -4,7 +4,8 @@
 use super::{Change, Expect, Holder, Lease, Pool, Update, MAX_PRUNE, TICKET_GRACE_MS};
 
 /// Most slots one write hands to waiting tickets (when several free at
-/// once), for the same limit; the next read hands the rest.
+/// once), for the expression limit that [`MAX_PRUNE`] keeps to; the next
+/// read hands the rest.
 pub const MAX_HAND_OFFS: usize = 16;
 
 /// What a waiter learns from the pool as read.

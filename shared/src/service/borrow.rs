@@ -236,9 +236,7 @@ impl Borrower {
                 None => nap,
             };
             let nap = nap.min(self.give_up.saturating_duration_since(Instant::now()));
-            tokio::time::sleep(nap).await;
-            ctx.stats.waited += nap;
-            record = ctx.load_existing(&self.key).await?;
+            record = ctx.wait_then_load(nap, &self.key).await?;
         }
     }
 
@@ -332,9 +330,7 @@ impl Borrower {
             }
             round += 1;
             let nap = ctx.timing.backlog_nap(round, self.give_up);
-            tokio::time::sleep(nap).await;
-            ctx.stats.waited += nap;
-            record = ctx.load_existing(&self.key).await?;
+            record = ctx.wait_then_load(nap, &self.key).await?;
         }
     }
 

@@ -160,6 +160,17 @@ impl Ctx<'_> {
         self.load(key).await?.ok_or(Error::PoolNotFound)
     }
 
+    /// A waiter's nap (counted as waited), then the pool as it is after it.
+    pub(super) async fn wait_then_load(
+        &mut self,
+        nap: Duration,
+        key: &PoolKey,
+    ) -> Result<Record, Error> {
+        tokio::time::sleep(nap).await;
+        self.stats.waited += nap;
+        self.load_existing(key).await
+    }
+
     /// After a write whose outcome is unknown: the pool as it is now, to see
     /// whether the write landed. The write's own error if no read succeeds.
     pub(super) async fn reload(

@@ -1,4 +1,4 @@
-//! The embedded store: [`Pool::apply`] over a map, with the same semantics as
+//! The embedded store: [`Pool::apply`](crate::domain::Pool::apply) over a map, with the same semantics as
 //! the DynamoDB store's conditional writes. For the local default and tests.
 
 use std::collections::{BTreeMap, HashMap};

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use aws_sdk_dynamodb::operation::create_table::CreateTableError;
+use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex, Projection,
     ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType, TableStatus,
@@ -90,12 +91,7 @@ async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
 /// Waits until the table is active, failing when it is keyed differently.
 async fn until_active(client: &Client, table: &str) -> Result<(), StoreError> {
     for _ in 0..100 {
-        let described = client
-            .describe_table()
-            .table_name(table)
-            .send()
-            .await
-            .map_err(store_error)?;
+        let described = describe(client, table).await?;
         let Some(desc) = described.table() else {
             break;
         };
@@ -127,14 +123,19 @@ async fn until_active(client: &Client, table: &str) -> Result<(), StoreError> {
     ))
 }
 
-/// The table's stream (async mode's dispatcher follows it in local runs).
-pub async fn stream_arn(client: &Client, table: &str) -> Result<String, StoreError> {
-    let described = client
+/// The table as DynamoDB describes it.
+async fn describe(client: &Client, table: &str) -> Result<DescribeTableOutput, StoreError> {
+    client
         .describe_table()
         .table_name(table)
         .send()
         .await
-        .map_err(store_error)?;
+        .map_err(store_error)
+}
+
+/// The table's stream (async mode's dispatcher follows it in local runs).
+pub async fn stream_arn(client: &Client, table: &str) -> Result<String, StoreError> {
+    let described = describe(client, table).await?;
     described
         .table()
         .and_then(|t| t.latest_stream_arn())
