@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use semaphore::api::{self, ApiResponse};
-use semaphore::service::Call;
+use semaphore::service::Budget;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore::{config, Limits, Service};
 use serde_json::Value;
@@ -122,7 +122,7 @@ impl ApiClient {
     ) -> ApiResponse {
         match api::resolve(method, path) {
             Ok((route, id)) => {
-                let mut call = Call::new(deadline);
+                let mut call = Budget::new(deadline);
                 api::handle(&self.service, route, id, body, &mut call).await
             }
             Err(err) => api::error_response(&err),

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{Caller, Dispatcher, Local};
 use semaphore::keys::PoolId;
-use semaphore::service::Call;
+use semaphore::service::Budget;
 use semaphore::store::PoolStore;
 use semaphore::Limits;
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
@@ -412,7 +412,7 @@ async fn a_grant_cut_short_is_delivered_at_the_next_step(backend: Backend) {
     let key = PoolId(pool.parse().expect("uuid")).key();
     let first = api
         .service
-        .dispatch_step(&key, &[], &mut Call::new(None))
+        .dispatch_step(&key, &[], &mut Budget::new(None))
         .await
         .expect("step");
     assert_eq!(first.deliver.len(), 1, "granted: {first:?}");
@@ -420,7 +420,7 @@ async fn a_grant_cut_short_is_delivered_at_the_next_step(backend: Backend) {
     // The dispatcher stopped before delivering: the next step has it again.
     let again = api
         .service
-        .dispatch_step(&key, &[], &mut Call::new(None))
+        .dispatch_step(&key, &[], &mut Budget::new(None))
         .await
         .expect("step");
     assert_eq!(again.deliver, first.deliver);

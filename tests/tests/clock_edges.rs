@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Holder, LeaseDigest, Pool, ReturnPlan};
 use semaphore::keys::{LeaseId, PoolId};
-use semaphore::service::{BorrowRequest, Call};
+use semaphore::service::{BorrowRequest, Budget};
 use semaphore::Limits;
 use semaphore_tests::harness::{dynamodb_store, memory_store, pool_id, ApiClient};
 
@@ -73,7 +73,7 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
                 wait_ms: 0,
                 lease: LeaseId::new_random(),
             },
-            &mut Call::default(),
+            &mut Budget::default(),
         )
         .await
         .unwrap();
@@ -85,7 +85,7 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
                 wait_ms: 0,
                 lease: LeaseId::new_random(),
             },
-            &mut Call::default(),
+            &mut Budget::default(),
         )
         .await
         .unwrap();
@@ -101,13 +101,13 @@ async fn the_service_frees_a_slot_at_the_exact_expiry_millisecond() {
                 wait_ms: 0,
                 lease: LeaseId::new_random(),
             },
-            &mut Call::default(),
+            &mut Budget::default(),
         )
         .await
         .unwrap();
     assert_eq!(next.position, 1);
     assert!(!service
-        .return_lease(parse(&id), short.lease, &mut Call::default())
+        .return_lease(parse(&id), short.lease, &mut Budget::default())
         .await
         .unwrap());
 }

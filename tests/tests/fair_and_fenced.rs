@@ -345,7 +345,7 @@ impl Around for HoldsTheTombstone {
         if update
             .changes
             .iter()
-            .any(|c| matches!(c, Change::SetTomb(_)))
+            .any(|c| matches!(c, Change::SetGivenUp(_)))
         {
             if let Some(reached) = self.reached.lock().await.take() {
                 let _ = reached.send(());

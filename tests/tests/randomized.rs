@@ -533,7 +533,7 @@ mod broken {
                 pool.next_fence(),
                 slots,
                 pool.queue().to_vec(),
-                pool.tombs().to_vec(),
+                pool.given_up().to_vec(),
                 pool.ended().to_vec(),
             ) {
                 record.pool = pool;

@@ -11,7 +11,7 @@ use super::{ticket_body, ApiResponse, Route};
 use crate::domain::Callback;
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId};
-use crate::service::{BorrowRequest, Call, EnqueueRequest, Service};
+use crate::service::{BorrowRequest, Budget, EnqueueRequest, Service};
 
 /// A request parsed and validated: what a route was asked to do.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ impl Request {
     pub(super) async fn run(
         self,
         service: &Service,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<ApiResponse, Error> {
         match self {
             Request::Register { id, count } => {

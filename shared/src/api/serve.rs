@@ -12,7 +12,7 @@ use super::{ApiResponse, Request, Route};
 use crate::error::Error;
 use crate::keys::PoolId;
 use crate::metrics::{LogFormat, RequestLog};
-use crate::service::{Call, Service};
+use crate::service::{Budget, Service};
 use crate::store::StoreErrorKind;
 
 /// How an entrypoint finds the route of a request.
@@ -74,7 +74,7 @@ pub async fn serve<B: AsRef<[u8]>>(
         }
     }
     let started = Instant::now();
-    let mut call = Call::new(deadline);
+    let mut call = Budget::new(deadline);
     let (key, target) = target(method, path, entry);
     let (pool, response) = match (target, service) {
         (Target::Routed(route, raw_id), Some(service)) => {
@@ -138,7 +138,7 @@ async fn run_parsed(
     route: Route,
     parsed: Result<Request, Error>,
     give_up_with: Option<Arc<Service>>,
-    call: &mut Call,
+    call: &mut Budget,
 ) -> ApiResponse {
     // A client that hangs up while its borrow waits gives the
     // wait up: hyper drops this future, and the guard sends
@@ -162,7 +162,7 @@ pub async fn handle(
     route: Route,
     raw_id: &str,
     body: &[u8],
-    call: &mut Call,
+    call: &mut Budget,
 ) -> ApiResponse {
     let request = parse_pool_id(raw_id).and_then(|id| Request::parse(route, id, body));
     respond(service, route, request, call).await
@@ -173,7 +173,7 @@ pub async fn respond(
     service: &Service,
     route: Route,
     request: Result<Request, Error>,
-    call: &mut Call,
+    call: &mut Budget,
 ) -> ApiResponse {
     let result = match request {
         Ok(request) => request.run(service, call).await,
@@ -200,7 +200,7 @@ fn request_log<'a>(
     pool: Option<PoolId>,
     response: &ApiResponse,
     started: Instant,
-    call: &Call,
+    call: &Budget,
 ) -> RequestLog<'a> {
     RequestLog {
         route: route_key,
@@ -234,7 +234,7 @@ impl Drop for GiveUp {
         // Dropped inside the runtime (hyper drops the request future there).
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let mut call = Call::new(None);
+                let mut call = Budget::new(None);
                 let response = respond(&service, Route::Return, Ok(request), &mut call).await;
                 tracing::info!(
                     status = response.status,

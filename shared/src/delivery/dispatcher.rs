@@ -12,7 +12,7 @@ use crate::clock::now_ms;
 use crate::domain::{LeaseDigest, TicketGrant, TicketItem};
 use crate::keys::PoolKey;
 use crate::metrics::{AsyncLog, LogFormat, PoolKeyPrefix};
-use crate::service::{Call, Service, Step, ToDeliver};
+use crate::service::{Budget, Service, Step, ToDeliver};
 use crate::Error;
 
 /// Longest a grant may go undelivered: then its lease is returned and the
@@ -74,7 +74,7 @@ impl Dispatcher {
             .collect();
         let step = self
             .service
-            .dispatch_step(&key, &delivering, &mut Call::new(None))
+            .dispatch_step(&key, &delivering, &mut Budget::new(None))
             .await?;
         if step.active {
             AsyncLog::Queue {
@@ -182,7 +182,7 @@ impl Dispatcher {
         .emit(self.log);
         let ended = self
             .service
-            .delivery_ended(&key, item, grant, outcome, &mut Call::new(None))
+            .delivery_ended(&key, item, grant, outcome, &mut Budget::new(None))
             .await;
         if let Err(err) = ended {
             tracing::warn!(error = %err, "a delivery's outcome was not recorded");

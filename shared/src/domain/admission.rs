@@ -40,7 +40,7 @@ impl Pool {
         let asyncs = self
             .queue
             .iter()
-            .filter(|t| self.async_number(t.holder.digest).is_some())
+            .filter(|t| self.listed_number(t.holder.digest).is_some())
             .count();
         if asyncs > window / 2 {
             return 0;
@@ -67,7 +67,7 @@ impl Pool {
         let mut asyncs = self
             .queue
             .iter()
-            .filter(|t| self.async_number(t.holder.digest).is_some())
+            .filter(|t| self.listed_number(t.holder.digest).is_some())
             .count();
         let room = max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS);
         // Async tickets this admission lists.
@@ -79,7 +79,7 @@ impl Pool {
                 Some(item) if item.number == number => {
                     if item.is_waiting(now_ms) && !self.asks(item.digest(), now_ms) {
                         let is_async = item.callback.is_some();
-                        let listed = self.line.asyncs.len() + listing;
+                        let listed = self.line.listed.len() + listing;
                         if admitted.len() >= room
                             || (is_async && (asyncs >= window || listed >= MAX_LISTED))
                         {
@@ -124,7 +124,7 @@ impl Pool {
             if item.callback.is_some() {
                 update
                     .changes
-                    .push(Change::SetAsync(item.digest(), item.number));
+                    .push(Change::SetListed(item.digest(), item.number));
             }
         }
         update.changes.push(Change::SetAdmitted(number));
@@ -150,10 +150,10 @@ impl Pool {
     /// Unlists an async ticket (its grant recorded, or it left the queue),
     /// conditioned on its listing.
     pub fn plan_unlist(&self, digest: LeaseDigest) -> Option<Update> {
-        let number = self.async_number(digest)?;
+        let number = self.listed_number(digest)?;
         Some(Update {
-            expect: vec![Expect::AsyncIs(digest, number)],
-            changes: vec![Change::RemoveAsync(digest)],
+            expect: vec![Expect::ListedIs(digest, number)],
+            changes: vec![Change::RemoveListed(digest)],
         })
     }
 
@@ -201,15 +201,19 @@ mod tests {
         pool = admitted;
         let queued: Vec<LeaseDigest> = pool.queue().iter().map(|t| t.holder.digest).collect();
         assert_eq!(queued, [d(2), d(4)]);
-        assert_eq!(pool.async_number(d(2)), Some(0));
-        assert_eq!(pool.async_number(d(4)), None, "a sync ticket is not listed");
+        assert_eq!(pool.listed_number(d(2)), Some(0));
+        assert_eq!(
+            pool.listed_number(d(4)),
+            None,
+            "a sync ticket is not listed"
+        );
         assert!(!pool.line().has_backlog());
         // A return hands the slot to the first admitted ticket, the async one.
         assert!(give_back(&mut pool, 1, now));
         assert_eq!(pool.grant_of(&h(2, 1_000)).map(|l| l.position), Some(0));
         let unlist = pool.plan_unlist(d(2)).expect("listed");
         pool = pool.apply(&unlist).expect("holds");
-        assert_eq!(pool.async_number(d(2)), None);
+        assert_eq!(pool.listed_number(d(2)), None);
     }
 
     #[test]

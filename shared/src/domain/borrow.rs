@@ -60,13 +60,13 @@ impl Pool {
             return BorrowPlan::Queued(ticket.holder);
         }
         let mut update = Update::default();
-        match self.tomb_of(digest) {
-            Some(tomb) if tomb.is_live(now_ms) => return BorrowPlan::Cancelled,
-            Some(tomb) => {
-                update.expect.push(Expect::TombIs(tomb));
-                update.changes.push(Change::RemoveTomb(digest));
+        match self.given_up_of(digest) {
+            Some(given_up) if given_up.is_live(now_ms) => return BorrowPlan::Cancelled,
+            Some(given_up) => {
+                update.expect.push(Expect::GivenUpIs(given_up));
+                update.changes.push(Change::ForgetGivenUp(digest));
             }
-            None => update.expect.push(Expect::NoTomb(digest)),
+            None => update.expect.push(Expect::NotGivenUp(digest)),
         }
         if self.line.has_backlog() {
             return BorrowPlan::Backlog;

@@ -90,9 +90,9 @@ fn check_bounds(pool: &Pool) -> Result<(), TestCaseError> {
         pool.queue().len()
     );
     prop_assert!(
-        pool.tombs().len() <= MAX_TOMBS,
+        pool.given_up().len() <= MAX_GIVEN_UP,
         "given-up ids: {}",
-        pool.tombs().len()
+        pool.given_up().len()
     );
     prop_assert!(
         pool.ended().len() <= ENDED_RING,
@@ -100,9 +100,9 @@ fn check_bounds(pool: &Pool) -> Result<(), TestCaseError> {
         pool.ended().len()
     );
     prop_assert!(
-        pool.line().asyncs.len() <= MAX_LISTED,
+        pool.line().listed.len() <= MAX_LISTED,
         "async listings: {}",
-        pool.line().asyncs.len()
+        pool.line().listed.len()
     );
     Ok(())
 }
@@ -207,7 +207,7 @@ proptest! {
                     in_flight.extend(pool.plan_admit(&tickets, now, WAITERS, 16));
                 }
                 Op::Unlist { which } => {
-                    let listed = &pool.line().asyncs;
+                    let listed = &pool.line().listed;
                     if let Some(&(digest, _)) = listed.get(which % listed.len().max(1)) {
                         in_flight.extend(pool.plan_unlist(digest));
                     }

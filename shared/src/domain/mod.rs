@@ -46,12 +46,12 @@ pub use admission::{GAP_MS, MAX_ADMITS, MAX_LISTED};
 pub use borrow::BorrowPlan;
 pub use pieces::MAX_PRUNE;
 pub use pool::{Pool, MAX_COUNT};
-pub use return_lease::{ReturnPlan, MAX_TOMBS, TOMB_MS};
+pub use return_lease::{ReturnPlan, GIVEN_UP_MS, MAX_GIVEN_UP};
 pub use ticket::{Callback, TicketGrant, TicketItem, TicketState};
 pub use ticket_step::TicketStep;
 pub use types::{
-    by_position, Ended, Holder, Inconsistent, Lease, LeaseDigest, Line, PoolState, Sizing, Slot,
-    Stamp, Ticket, Tomb, ENDED_KEEP_MS, ENDED_RING, SHORT_GRANT_MS, TICKET_GRACE_MS,
+    by_position, AsyncLine, Ended, GivenUp, Holder, Inconsistent, Lease, LeaseDigest, PoolState,
+    Sizing, Slot, Stamp, Ticket, ENDED_KEEP_MS, ENDED_RING, SHORT_GRANT_MS, TICKET_GRACE_MS,
 };
 pub use update::{Change, ConditionFailed, Expect, Update};
 pub use wait::{WaitPlan, MAX_HAND_OFFS};

@@ -95,17 +95,17 @@ impl Pool {
     /// Takes out up to [`MAX_PRUNE`] stale tombstones (but `keep`'s, which
     /// the caller overwrites) and ended grants no waiter can need any more,
     /// each conditioned on being as read.
-    pub(super) fn prune_tombs(&self, now_ms: u64, keep: Option<LeaseDigest>) -> Update {
+    pub(super) fn prune_given_up(&self, now_ms: u64, keep: Option<LeaseDigest>) -> Update {
         let mut update = Update::default();
         self.drop_legacy(&mut update);
-        for tomb in self
-            .tombs
+        for given_up in self
+            .given_up
             .iter()
             .filter(|t| !t.is_live(now_ms) && Some(t.digest) != keep)
             .take(MAX_PRUNE)
         {
-            update.expect.push(Expect::TombIs(*tomb));
-            update.changes.push(Change::RemoveTomb(tomb.digest));
+            update.expect.push(Expect::GivenUpIs(*given_up));
+            update.changes.push(Change::ForgetGivenUp(given_up.digest));
         }
         for ended in self
             .ended

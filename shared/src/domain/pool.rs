@@ -1,7 +1,9 @@
 //! The pool: rebuilt from its stored parts (checked), and what can be read
 //! from it.
 
-use super::{Ended, Inconsistent, Lease, LeaseDigest, Line, PoolState, Sizing, Slot, Ticket, Tomb};
+use super::{
+    AsyncLine, Ended, GivenUp, Inconsistent, Lease, LeaseDigest, PoolState, Sizing, Slot, Ticket,
+};
 
 /// Largest `count` a pool may have (API.md: `0 … 1000`).
 pub use semaphore_wire::MAX_COUNT;
@@ -22,13 +24,13 @@ pub struct Pool {
     pub(super) slots: Vec<Slot>,
     pub(super) queue: Vec<Ticket>,
     /// Sorted by digest.
-    pub(super) tombs: Vec<Tomb>,
+    pub(super) given_up: Vec<GivenUp>,
     /// Sorted by place, one per place.
     pub(super) ended: Vec<Ended>,
     /// Stored by a version that kept ended grants in a map that grew without
     /// bound: the next write that reuses a slot, returns or resizes drops it.
     pub(super) legacy_ended: bool,
-    pub(super) line: Line,
+    pub(super) line: AsyncLine,
 }
 
 impl Pool {
@@ -46,10 +48,10 @@ impl Pool {
             next_fence: 1,
             slots: vec![Slot::Free; usize::from(count)],
             queue: Vec::new(),
-            tombs: Vec::new(),
+            given_up: Vec::new(),
             ended: Vec::new(),
             legacy_ended: false,
-            line: Line::default(),
+            line: AsyncLine::default(),
         }
     }
 
@@ -60,7 +62,7 @@ impl Pool {
         next_fence: u64,
         slots: Vec<Slot>,
         queue: Vec<Ticket>,
-        mut tombs: Vec<Tomb>,
+        mut given_up: Vec<GivenUp>,
         mut ended: Vec<Ended>,
     ) -> Result<Self, Inconsistent> {
         let Sizing { count, resizes } = sizing;
@@ -80,8 +82,8 @@ impl Pool {
         if !fence_above {
             return Err(Inconsistent("a grant's fence at or above the counter"));
         }
-        tombs.sort_by_key(|t| t.digest);
-        if tombs.windows(2).any(|w| w[0].digest == w[1].digest) {
+        given_up.sort_by_key(|t| t.digest);
+        if given_up.windows(2).any(|w| w[0].digest == w[1].digest) {
             return Err(Inconsistent("two tombstones of one lease id"));
         }
         ended.sort_by_key(|e| e.place());
@@ -95,10 +97,10 @@ impl Pool {
             next_fence,
             slots,
             queue,
-            tombs,
+            given_up,
             ended,
             legacy_ended: false,
-            line: Line::default(),
+            line: AsyncLine::default(),
         })
     }
 
@@ -114,29 +116,29 @@ impl Pool {
     }
 
     /// The pool with its stored line, checked.
-    pub fn with_line(mut self, mut line: Line) -> Result<Self, Inconsistent> {
+    pub fn with_line(mut self, mut line: AsyncLine) -> Result<Self, Inconsistent> {
         if line.admitted > line.next {
             return Err(Inconsistent("admitted past the next ticket number"));
         }
-        line.asyncs.sort_by_key(|(digest, _)| *digest);
-        if line.asyncs.windows(2).any(|w| w[0].0 == w[1].0) {
+        line.listed.sort_by_key(|(digest, _)| *digest);
+        if line.listed.windows(2).any(|w| w[0].0 == w[1].0) {
             return Err(Inconsistent("two async tickets of one lease id"));
         }
         self.line = line;
         Ok(self)
     }
 
-    pub fn line(&self) -> &Line {
+    pub fn line(&self) -> &AsyncLine {
         &self.line
     }
 
     /// The number of the async ticket with this digest, if it is listed.
-    pub fn async_number(&self, digest: LeaseDigest) -> Option<u64> {
+    pub fn listed_number(&self, digest: LeaseDigest) -> Option<u64> {
         self.line
-            .asyncs
+            .listed
             .binary_search_by_key(&digest, |(d, _)| *d)
             .ok()
-            .map(|i| self.line.asyncs[i].1)
+            .map(|i| self.line.listed[i].1)
     }
 
     pub fn count(&self) -> u16 {
@@ -168,8 +170,8 @@ impl Pool {
         &self.queue
     }
 
-    pub fn tombs(&self) -> &[Tomb] {
-        &self.tombs
+    pub fn given_up(&self) -> &[GivenUp] {
+        &self.given_up
     }
 
     pub fn ended(&self) -> &[Ended] {
@@ -266,11 +268,11 @@ impl Pool {
             .map(|i| self.ended[i])
     }
 
-    pub(super) fn tomb_of(&self, digest: LeaseDigest) -> Option<Tomb> {
-        self.tombs
+    pub(super) fn given_up_of(&self, digest: LeaseDigest) -> Option<GivenUp> {
+        self.given_up
             .binary_search_by_key(&digest, |t| t.digest)
             .ok()
-            .map(|i| self.tombs[i])
+            .map(|i| self.given_up[i])
     }
 
     /// Slots free for new grants: `count` less the live leases.

@@ -55,7 +55,7 @@ fn check_landed(prev: &Pool, next: &Pool, update: &Update, now: u64) -> Result<(
         next.next_fence,
         next.slots.clone(),
         next.queue.clone(),
-        next.tombs.clone(),
+        next.given_up.clone(),
         next.ended.clone(),
     );
     prop_assert!(rebuilt.is_ok(), "invariants broken: {:?}", rebuilt);

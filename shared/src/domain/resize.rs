@@ -34,7 +34,7 @@ impl Pool {
     /// `None` when nothing needs writing.
     pub fn plan_resize(&self, count: u16, now_ms: u64) -> Option<Update> {
         let len = self.slots.len();
-        let mut update = self.prune_tombs(now_ms, None);
+        let mut update = self.prune_given_up(now_ms, None);
         if self.count != count {
             // Conditioned on the count as read: resizes go one at a time.
             update.expect.push(Expect::Count(self.sizing()));

@@ -1,19 +1,19 @@
 //! A return: free the lease (handing on), cancel a waiting ticket, or
 //! remember the id as given up.
 
-use super::{Change, Expect, Lease, LeaseDigest, Pool, Slot, Tomb, Update};
+use super::{Change, Expect, GivenUp, Lease, LeaseDigest, Pool, Slot, Update};
 
 /// How long the id of a lease given up before its borrow was seen is
 /// remembered: a borrow with that id arriving later is refused, so a cancel
 /// that overtakes its borrow still cancels it. Longer than any request lives
 /// behind API Gateway (30 s).
-pub const TOMB_MS: u64 = 30_000;
+pub const GIVEN_UP_MS: u64 = 30_000;
 
 /// Most lease ids a pool remembers as given up at once: a flood of returns
 /// of unknown lease ids replaces the oldest, and never grows the item past
 /// a few hundred bytes (each write that adds one is conditioned on the
 /// number stored, so racing writes cannot overshoot).
-pub const MAX_TOMBS: usize = 16;
+pub const MAX_GIVEN_UP: usize = 16;
 
 /// What a return of a lease id does.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,49 +45,49 @@ impl Pool {
         if let Some((index, _)) = self.ticket_of(digest) {
             return ReturnPlan::Cancel(self.remove_tickets(vec![index]));
         }
-        match self.tomb_of(digest) {
-            Some(tomb) if tomb.is_live(now_ms) => ReturnPlan::Remembered,
+        match self.given_up_of(digest) {
+            Some(given_up) if given_up.is_live(now_ms) => ReturnPlan::Remembered,
             stale => ReturnPlan::Remember(self.remember(digest, stale, now_ms)),
         }
     }
 
     /// Remembers `digest` as given up (overwriting its `stale` tombstone):
     /// stale tombstones go, and the oldest live ones while more than
-    /// [`MAX_TOMBS`] would be left, so the write is conditioned on how many
+    /// [`MAX_GIVEN_UP`] would be left, so the write is conditioned on how many
     /// are stored (racing writes cannot overshoot the bound).
-    fn remember(&self, digest: LeaseDigest, stale: Option<Tomb>, now_ms: u64) -> Update {
-        let mut update = self.prune_tombs(now_ms, Some(digest));
+    fn remember(&self, digest: LeaseDigest, stale: Option<GivenUp>, now_ms: u64) -> Update {
+        let mut update = self.prune_given_up(now_ms, Some(digest));
         let mut removed = update
             .changes
             .iter()
-            .filter(|c| matches!(c, Change::RemoveTomb(_)))
+            .filter(|c| matches!(c, Change::ForgetGivenUp(_)))
             .count();
         let added = usize::from(stale.is_none());
-        let mut live: Vec<&Tomb> = self
-            .tombs
+        let mut live: Vec<&GivenUp> = self
+            .given_up
             .iter()
             .filter(|t| t.is_live(now_ms) && t.digest != digest)
             .collect();
         live.sort_by_key(|t| t.until_s);
-        let left = self.tombs.len() - removed + added;
-        for oldest in live.iter().take(left.saturating_sub(MAX_TOMBS)) {
-            update.expect.push(Expect::TombIs(**oldest));
-            update.changes.push(Change::RemoveTomb(oldest.digest));
+        let left = self.given_up.len() - removed + added;
+        for oldest in live.iter().take(left.saturating_sub(MAX_GIVEN_UP)) {
+            update.expect.push(Expect::GivenUpIs(**oldest));
+            update.changes.push(Change::ForgetGivenUp(oldest.digest));
             removed += 1;
         }
         update.expect.push(match stale {
-            Some(tomb) => Expect::TombIs(tomb),
-            None => Expect::NoTomb(digest),
+            Some(given_up) => Expect::GivenUpIs(given_up),
+            None => Expect::NotGivenUp(digest),
         });
-        // As read, this leaves `tombs - removed + added` (at most the bound,
+        // As read, this leaves `given_up - removed + added` (at most the bound,
         // or what an item stored by an older version held, never more).
-        let bound = MAX_TOMBS.max(self.tombs.len() - removed + added);
+        let bound = MAX_GIVEN_UP.max(self.given_up.len() - removed + added);
         update
             .expect
-            .push(Expect::TombsAtMost(bound + removed - added));
-        update.changes.push(Change::SetTomb(Tomb {
+            .push(Expect::GivenUpAtMost(bound + removed - added));
+        update.changes.push(Change::SetGivenUp(GivenUp {
             digest,
-            until_s: (now_ms + TOMB_MS).div_ceil(1000),
+            until_s: (now_ms + GIVEN_UP_MS).div_ceil(1000),
         }));
         update
     }
@@ -99,7 +99,7 @@ impl Pool {
         let position = lease.position;
         let mut after = self.clone();
         after.slots[usize::from(position)] = Slot::Free;
-        let mut update = self.prune_tombs(now_ms, None);
+        let mut update = self.prune_given_up(now_ms, None);
         update.expect.push(self.slot_as_read(position));
         let target = after.free_positions(now_ms).first().copied();
         let handed = match target {
@@ -254,28 +254,28 @@ mod tests {
             pool.plan_borrow(h(5, 100), 9_000, 2_000, WAITERS),
             BorrowPlan::Cancelled
         );
-        // Once forgotten, the id may borrow again (its stale tomb leaves with it).
-        let later = 1_000 + TOMB_MS + 1_000;
+        // Once forgotten, the id may borrow again (its stale given-up entry leaves with it).
+        let later = 1_000 + GIVEN_UP_MS + 1_000;
         let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(5, 100), later, later, WAITERS)
         else {
             panic!()
         };
         pool = pool.apply(&update).unwrap();
-        assert!(pool.tombs().is_empty());
+        assert!(pool.given_up().is_empty());
     }
 
     #[test]
     fn a_flood_of_unknown_returns_keeps_the_newest_few() {
         let mut pool = Pool::new(1, 0);
-        for n in 0..(MAX_TOMBS as u8 + 10) {
+        for n in 0..(MAX_GIVEN_UP as u8 + 10) {
             let ReturnPlan::Remember(update) = pool.plan_return(d(n), 1_000 + u64::from(n) * 1_000)
             else {
                 panic!()
             };
             pool = pool.apply(&update).unwrap();
         }
-        assert_eq!(pool.tombs().len(), MAX_TOMBS);
-        assert!(pool.tombs().iter().all(|t| t.digest.0[0] >= 10));
+        assert_eq!(pool.given_up().len(), MAX_GIVEN_UP);
+        assert!(pool.given_up().iter().all(|t| t.digest.0[0] >= 10));
     }
 
     #[test]

@@ -119,7 +119,7 @@ mod tests {
         let backlog = [item(2, 0, TicketState::Waiting)];
         let update = pool.plan_admit(&backlog, NOW, 100, 16).expect("admits");
         let pool = pool.apply(&update).unwrap();
-        assert_eq!(pool.async_number(h(2).digest), Some(0));
+        assert_eq!(pool.listed_number(h(2).digest), Some(0));
         assert_eq!(pool.ticket_of(h(2).digest).map(|(i, _)| i), Some(0));
         pool
     }

@@ -86,13 +86,13 @@ impl Ticket {
 
 /// A lease id given up while no lease or ticket of it was in the pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tomb {
+pub struct GivenUp {
     pub digest: LeaseDigest,
     /// Remembered until this Unix second.
     pub until_s: u64,
 }
 
-impl Tomb {
+impl GivenUp {
     pub fn is_live(&self, now_ms: u64) -> bool {
         now_ms < self.until_s.saturating_mul(1000)
     }
@@ -182,7 +182,7 @@ pub struct PoolState {
 /// admission appends them to the queue in number order. No backlog
 /// (`admitted == next`): sync borrowers take and join as without async mode.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Line {
+pub struct AsyncLine {
     /// The next ticket number.
     pub next: u64,
     /// The first number not yet admitted.
@@ -190,21 +190,21 @@ pub struct Line {
     /// Async tickets admitted to the queue, or handed a slot and not yet
     /// recorded as granted by the dispatcher: digest → ticket number.
     /// Sorted by digest.
-    pub asyncs: Vec<(LeaseDigest, u64)>,
+    pub listed: Vec<(LeaseDigest, u64)>,
     /// The pool has async work (set with every ticket number, cleared by
     /// the dispatcher once no backlog and no async ticket is left): the
     /// table stream's filter invokes the dispatcher for these pools only.
     pub active: bool,
 }
 
-impl Line {
+impl AsyncLine {
     pub fn has_backlog(&self) -> bool {
         self.admitted < self.next
     }
 
     /// No backlog and no async ticket: nothing for the dispatcher.
     pub fn is_settled(&self) -> bool {
-        !self.has_backlog() && self.asyncs.is_empty()
+        !self.has_backlog() && self.listed.is_empty()
     }
 }
 

@@ -1,6 +1,6 @@
 //! The update language (conditions, changes) and what an update means.
 
-use super::{Ended, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket, Tomb};
+use super::{Ended, GivenUp, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket};
 
 /// One thing an update depends on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,19 +25,19 @@ pub enum Expect {
     /// No slot holds exactly this.
     NotHeld(Holder),
     /// This lease id is not remembered as given up.
-    NoTomb(LeaseDigest),
+    NotGivenUp(LeaseDigest),
     /// This lease id is remembered exactly so.
-    TombIs(Tomb),
+    GivenUpIs(GivenUp),
     /// This ended grant is remembered exactly so (in its place).
     EndedIs(Ended),
     /// At most this many lease ids are remembered as given up.
-    TombsAtMost(usize),
+    GivenUpAtMost(usize),
     /// No ticket waits in the backlog (or the item predates async mode).
     NoBacklog,
     /// The first number not yet admitted is this.
     Admitted(u64),
     /// This async ticket is listed with this number.
-    AsyncIs(LeaseDigest, u64),
+    ListedIs(LeaseDigest, u64),
     /// No backlog and no async ticket listed.
     Settled,
 }
@@ -68,8 +68,8 @@ pub enum Change {
     /// Adds a ticket at the end of the queue.
     Append(Ticket),
     RemoveTicket(usize),
-    SetTomb(Tomb),
-    RemoveTomb(LeaseDigest),
+    SetGivenUp(GivenUp),
+    ForgetGivenUp(LeaseDigest),
     /// Remembers a reused short grant in its place (overwriting the place).
     SetEnded(Ended),
     /// Forgets the ended grant in this place.
@@ -91,8 +91,8 @@ pub enum Change {
     /// Sets the first number not yet admitted.
     SetAdmitted(u64),
     /// Lists an async ticket with its number.
-    SetAsync(LeaseDigest, u64),
-    RemoveAsync(LeaseDigest),
+    SetListed(LeaseDigest, u64),
+    RemoveListed(LeaseDigest),
     /// Clears the async-work flag.
     Settle,
 }
@@ -205,13 +205,13 @@ impl Pool {
                 .slots
                 .iter()
                 .all(|s| !matches!(s, Slot::Held { holder: h, .. } if *h == holder)),
-            Expect::NoTomb(digest) => self.tomb_of(digest).is_none(),
-            Expect::TombIs(tomb) => self.tomb_of(tomb.digest) == Some(tomb),
+            Expect::NotGivenUp(digest) => self.given_up_of(digest).is_none(),
+            Expect::GivenUpIs(given_up) => self.given_up_of(given_up.digest) == Some(given_up),
             Expect::EndedIs(ended) => self.ended_at(ended.place()) == Some(ended),
-            Expect::TombsAtMost(n) => self.tombs.len() <= n,
+            Expect::GivenUpAtMost(n) => self.given_up.len() <= n,
             Expect::NoBacklog => !self.line.has_backlog(),
             Expect::Admitted(admitted) => self.line.admitted == admitted,
-            Expect::AsyncIs(digest, number) => self.async_number(digest) == Some(number),
+            Expect::ListedIs(digest, number) => self.listed_number(digest) == Some(number),
             Expect::Settled => self.line.is_settled(),
         }
     }
@@ -264,12 +264,12 @@ fn apply_change(
         Change::Free(position) => next.set_slot(position, Slot::Free),
         Change::Append(ticket) => next.queue.push(ticket),
         Change::RemoveTicket(index) => removed.push(index),
-        Change::SetTomb(tomb) => {
-            next.tombs.retain(|t| t.digest != tomb.digest);
-            next.tombs.push(tomb);
-            next.tombs.sort_by_key(|t| t.digest);
+        Change::SetGivenUp(given_up) => {
+            next.given_up.retain(|t| t.digest != given_up.digest);
+            next.given_up.push(given_up);
+            next.given_up.sort_by_key(|t| t.digest);
         }
-        Change::RemoveTomb(digest) => next.tombs.retain(|t| t.digest != digest),
+        Change::ForgetGivenUp(digest) => next.given_up.retain(|t| t.digest != digest),
         Change::SetEnded(ended) => {
             next.ended.retain(|e| e.place() != ended.place());
             next.ended.push(ended);
@@ -289,12 +289,12 @@ fn apply_change(
         }
         Change::Settle => next.line.active = false,
         Change::SetAdmitted(admitted) => next.line.admitted = admitted,
-        Change::SetAsync(digest, number) => {
-            next.line.asyncs.retain(|(d, _)| *d != digest);
-            next.line.asyncs.push((digest, number));
-            next.line.asyncs.sort_by_key(|(d, _)| *d);
+        Change::SetListed(digest, number) => {
+            next.line.listed.retain(|(d, _)| *d != digest);
+            next.line.listed.push((digest, number));
+            next.line.listed.sort_by_key(|(d, _)| *d);
         }
-        Change::RemoveAsync(digest) => next.line.asyncs.retain(|(d, _)| *d != digest),
+        Change::RemoveListed(digest) => next.line.listed.retain(|(d, _)| *d != digest),
     }
 }
 

@@ -9,10 +9,10 @@ use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
 use crate::store::{PutTicket, Record, TicketStore};
 
-use super::async_mode::{admit, void};
-use super::harness::{write, Ctx};
+use super::async_mode::{admit, filler_ticket};
+use super::harness::{write, Harness};
 use super::pacing::{Forecast, Pace};
-use super::{Call, Service};
+use super::{Budget, Service};
 
 /// A granted lease, as the borrow response reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +45,7 @@ impl Service {
         &self,
         id: PoolId,
         request: BorrowRequest,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<Grant, Error> {
         let ttl_ms = request.ttl_ms.min(self.limits.max_ttl_ms).max(1);
         let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
@@ -94,7 +94,7 @@ enum Placed {
 }
 
 impl Borrower {
-    async fn run(&self, ctx: &mut Ctx<'_>) -> Result<Grant, Error> {
+    async fn run(&self, ctx: &mut Harness<'_>) -> Result<Grant, Error> {
         let record = ctx.load_existing(&self.key).await?;
         let incarnation = record.incarnation;
         let (record, mine, joined_ms) = match self.place(ctx, record).await? {
@@ -105,7 +105,7 @@ impl Borrower {
     }
 
     /// Takes a free slot, or joins the queue.
-    async fn place(&self, ctx: &mut Ctx<'_>, mut record: Record) -> Result<Placed, Error> {
+    async fn place(&self, ctx: &mut Harness<'_>, mut record: Record) -> Result<Placed, Error> {
         let incarnation = record.incarnation;
         let mut lost = 0u32;
         // The grant times of the takes we tried: a lease of ours found with
@@ -173,7 +173,7 @@ impl Borrower {
     /// time to cancel its ticket.
     async fn wait(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         incarnation: u64,
         mut record: Record,
         mine: Holder,
@@ -245,7 +245,7 @@ impl Borrower {
     /// never left to a borrower that answered 409).
     async fn give_up(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         incarnation: u64,
         mut record: Record,
         mine: Holder,
@@ -289,7 +289,11 @@ impl Borrower {
     /// the next number, writes its ticket item, and waits to be admitted
     /// (admitting the backlog's head itself when it reads, so a backlog of
     /// sync borrowers moves without the dispatcher).
-    async fn wait_in_backlog(&self, ctx: &mut Ctx<'_>, incarnation: u64) -> Result<Placed, Error> {
+    async fn wait_in_backlog(
+        &self,
+        ctx: &mut Harness<'_>,
+        incarnation: u64,
+    ) -> Result<Placed, Error> {
         let Some(tickets) = ctx.tickets else {
             return Err(Error::Exhausted);
         };
@@ -339,7 +343,7 @@ impl Borrower {
     /// `Exhausted` when this lease id has a ticket already.
     async fn join_backlog(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         tickets: &dyn TicketStore,
         incarnation: u64,
     ) -> Result<(Record, u64, u64), Error> {
@@ -375,7 +379,12 @@ impl Borrower {
                 // an async one): not a second one.
                 Ok(PutTicket::Exists(_)) => {
                     let _ = ctx
-                        .call(tickets.put_ticket(&self.key, &void(number, incarnation, joined_ms)))
+                        .call(
+                            tickets.put_ticket(
+                                &self.key,
+                                &filler_ticket(number, incarnation, joined_ms),
+                            ),
+                        )
                         .await;
                     return Err(Error::Exhausted);
                 }

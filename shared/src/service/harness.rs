@@ -24,24 +24,27 @@ pub struct Stats {
     pub waited: Duration,
 }
 
-/// One request in flight: its Lambda deadline, if any, and what it cost.
+/// What the entrypoint gives one request and gets back: its Lambda
+/// deadline, if any, and what the request cost (the [`Harness`] spends it).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Call {
+pub struct Budget {
     pub deadline: Option<Instant>,
     pub stats: Stats,
 }
 
-impl Call {
+impl Budget {
     pub fn new(deadline: Option<Instant>) -> Self {
-        Call {
+        Budget {
             deadline,
             stats: Stats::default(),
         }
     }
 }
 
-/// A request's working state: when it must answer by, and its store calls.
-pub(super) struct Ctx<'a> {
+/// The retry harness of one request inside the service: the stores, when it
+/// must answer by (from its [`Budget`]'s deadline), and its store calls,
+/// bounded, retried and counted.
+pub(super) struct Harness<'a> {
     pub(super) store: &'a dyn PoolStore,
     pub(super) tickets: Option<&'a dyn TicketStore>,
     pub(super) watch: Option<&'a Watch>,
@@ -51,7 +54,7 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Service {
-    pub(super) fn ctx<'a>(&'a self, call: &'a mut Call, wait: Duration) -> Ctx<'a> {
+    pub(super) fn ctx<'a>(&'a self, call: &'a mut Budget, wait: Duration) -> Harness<'a> {
         let now = Instant::now();
         let answer_by = match call.deadline {
             Some(deadline) => deadline
@@ -60,7 +63,7 @@ impl Service {
                 .max(now),
             None => now + wait + self.timing.local_budget,
         };
-        Ctx {
+        Harness {
             store: self.store.as_ref(),
             tickets: self.tickets.as_deref(),
             watch: self.watch.as_ref(),
@@ -75,7 +78,7 @@ impl Service {
 /// new one, the one a lost write handed back, or (outcome unknown) a fresh
 /// read.
 pub(super) async fn write(
-    ctx: &mut Ctx<'_>,
+    ctx: &mut Harness<'_>,
     key: &PoolKey,
     read: &Record,
     update: &Update,
@@ -97,7 +100,7 @@ pub(super) async fn write(
     }
 }
 
-impl Ctx<'_> {
+impl Harness<'_> {
     /// Runs one store call, bounded by the time left.
     pub(super) async fn call<T>(
         &mut self,

@@ -7,11 +7,11 @@ use crate::domain::PoolState;
 use crate::error::Error;
 use crate::keys::PoolId;
 
-use super::{Call, Service};
+use super::{Budget, Service};
 
 impl Service {
     /// `GET`.
-    pub async fn inspect(&self, id: PoolId, call: &mut Call) -> Result<PoolState, Error> {
+    pub async fn inspect(&self, id: PoolId, call: &mut Budget) -> Result<PoolState, Error> {
         let mut ctx = self.ctx(call, Duration::ZERO);
         let record = ctx.load_existing(&id.key()).await?;
         Ok(record.pool.state(now_ms()))

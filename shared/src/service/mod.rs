@@ -25,7 +25,7 @@ mod settings;
 
 pub use async_mode::{EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW};
 pub use borrow::{BorrowRequest, Grant};
-pub use harness::{Call, Stats};
+pub use harness::{Budget, Stats};
 pub use settings::{Limits, Timing};
 
 pub struct Service {

@@ -8,7 +8,7 @@ use crate::error::Error;
 use crate::keys::PoolId;
 use crate::store::{Created, Record, Updated};
 
-use super::{Call, Service};
+use super::{Budget, Service};
 
 impl Service {
     /// `PUT`: creates the pool, or sets its count keeping live leases.
@@ -16,7 +16,7 @@ impl Service {
         &self,
         id: PoolId,
         count: u16,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<PoolState, Error> {
         let key = id.key();
         let mut ctx = self.ctx(call, Duration::ZERO);

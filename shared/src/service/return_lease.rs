@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::keys::{LeaseId, PoolId};
 use crate::store::{Record, Updated};
 
-use super::{Call, Service};
+use super::{Budget, Service};
 
 impl Service {
     /// `POST …/return`: whether a live lease was freed. A return of a lease
@@ -21,7 +21,7 @@ impl Service {
         &self,
         id: PoolId,
         lease: LeaseId,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<bool, Error> {
         let key = id.key();
         let digest = lease.digest();

@@ -212,7 +212,7 @@ fn write_kind(update: &Update) -> &'static str {
         } else {
             "free"
         }
-    } else if has(|c| matches!(c, Change::SetTomb(_))) {
+    } else if has(|c| matches!(c, Change::SetGivenUp(_))) {
         "remember a given-up id"
     } else if has(|c| matches!(c, Change::RemoveTicket(_))) {
         "cancel or prune tickets"
@@ -233,13 +233,13 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::TicketAt { .. } => "lost: TicketAt",
         Expect::NotQueued(_) => "lost: NotQueued",
         Expect::NotHeld(_) => "lost: NotHeld",
-        Expect::NoTomb(_) => "lost: NoTomb",
-        Expect::TombIs(_) => "lost: TombIs",
+        Expect::NotGivenUp(_) => "lost: NotGivenUp",
+        Expect::GivenUpIs(_) => "lost: GivenUpIs",
         Expect::EndedIs(_) => "lost: EndedIs",
-        Expect::TombsAtMost(_) => "lost: TombsAtMost",
+        Expect::GivenUpAtMost(_) => "lost: GivenUpAtMost",
         Expect::NoBacklog => "lost: NoBacklog",
         Expect::Admitted(_) => "lost: Admitted",
-        Expect::AsyncIs(..) => "lost: AsyncIs",
+        Expect::ListedIs(..) => "lost: ListedIs",
         Expect::Settled => "lost: Settled",
     }
 }

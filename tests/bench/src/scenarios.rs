@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Holder, Lease, Pool, Slot, Stamp};
 use semaphore::keys::{LeaseId, PoolId};
-use semaphore::service::{BorrowRequest, Call, Grant, Timing};
+use semaphore::service::{BorrowRequest, Budget, Grant, Timing};
 use semaphore::store::Record;
 use semaphore::{Error, Limits, Service};
 use semaphore_tests::rng::Rng;
@@ -59,8 +59,8 @@ pub fn wall_us() -> u128 {
 }
 
 /// A request with no Lambda deadline, as the local server makes.
-pub fn call() -> Call {
-    Call::new(None)
+pub fn call() -> Budget {
+    Budget::new(None)
 }
 
 pub fn request(ttl_ms: u64, wait_ms: u64) -> BorrowRequest {
@@ -744,7 +744,7 @@ pub fn full_pool(count: u16, waiting: usize) -> Result<Pool, String> {
         pool.next_fence() + AGE,
         slots,
         pool.queue().to_vec(),
-        pool.tombs().to_vec(),
+        pool.given_up().to_vec(),
         pool.ended().to_vec(),
     )
     .map_err(|e| format!("{e:?}"))

@@ -5,7 +5,7 @@ use crate::clock::now_ms;
 use crate::domain::{Change, LeaseDigest, TicketItem, TicketState, MAX_ADMITS};
 use crate::error::Error;
 use crate::keys::PoolKey;
-use crate::service::harness::{write, Ctx};
+use crate::service::harness::{write, Harness};
 use crate::store::Record;
 
 /// The most async tickets admitted to a pool's queue at once: what async
@@ -17,7 +17,7 @@ pub const ASYNC_WINDOW: usize = 16;
 /// Admission, if the pool has a backlog and the line has room: the record
 /// after the write (landed or lost), `None` when nothing was to admit.
 pub(in crate::service) async fn admit(
-    ctx: &mut Ctx<'_>,
+    ctx: &mut Harness<'_>,
     key: &PoolKey,
     record: &Record,
     max_waiters: usize,

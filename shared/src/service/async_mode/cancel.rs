@@ -7,7 +7,7 @@ use crate::domain::{ReturnPlan, TicketState};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId};
 use crate::service::harness::write;
-use crate::service::{Call, Service};
+use crate::service::{Budget, Service};
 use crate::store::TicketUpdated;
 
 use super::ticket::{ahead_of, expire_if_over, report};
@@ -21,7 +21,7 @@ impl Service {
         &self,
         id: PoolId,
         lease: LeaseId,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<TicketReport, Error> {
         let tickets = self.ticket_store()?;
         let key = id.key();

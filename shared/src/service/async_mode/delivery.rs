@@ -8,7 +8,7 @@ use crate::domain::{ReturnPlan, TicketGrant, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::service::harness::write;
-use crate::service::{Call, Service};
+use crate::service::{Budget, Service};
 
 impl Service {
     /// Records how a delivery ended: `delivered`, or `failed` with its
@@ -19,7 +19,7 @@ impl Service {
         item: &TicketItem,
         grant: TicketGrant,
         outcome: Result<u64, String>,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<TicketItem, Error> {
         let mut ctx = self.ctx(call, Duration::ZERO);
         match outcome {
@@ -74,7 +74,7 @@ impl Service {
     /// Counts a delivery attempt (for the ticket's status and metrics).
     pub async fn count_attempt(&self, key: &PoolKey, item: &TicketItem) -> Result<u32, Error> {
         let tickets = self.ticket_store()?;
-        let mut call = Call::default();
+        let mut call = Budget::default();
         let mut ctx = self.ctx(&mut call, Duration::ZERO);
         Ok(ctx
             .call(tickets.count_attempt(key, item.digest()))

@@ -7,12 +7,12 @@ use crate::clock::now_ms;
 use crate::domain::{Callback, Holder, Pool, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
-use crate::service::harness::Ctx;
-use crate::service::{Call, Service};
+use crate::service::harness::Harness;
+use crate::service::{Budget, Service};
 use crate::store::PutTicket;
 
+use super::filler_ticket;
 use super::ticket::ahead_of;
-use super::void;
 
 /// An enqueue after validation (clamping is the service's).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,7 +40,7 @@ impl Service {
         &self,
         id: PoolId,
         request: EnqueueRequest,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<Enqueued, Error> {
         let tickets = self.ticket_store()?;
         let key = id.key();
@@ -104,7 +104,7 @@ impl Service {
             Some(existing) => {
                 // A twin request wrote this lease id's ticket first.
                 let _ = ctx
-                    .call(tickets.put_ticket(&key, &void(number, record.incarnation, now)))
+                    .call(tickets.put_ticket(&key, &filler_ticket(number, record.incarnation, now)))
                     .await;
                 Ok(Enqueued {
                     ticket: existing.number,
@@ -119,7 +119,7 @@ impl Service {
     /// same lease id that is there.
     async fn put_ticket(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         key: &PoolKey,
         item: &TicketItem,
     ) -> Result<Option<TicketItem>, Error> {

@@ -7,7 +7,7 @@ use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::store::{StoreError, StoreErrorKind, TicketStore, TicketUpdated};
 
-use super::harness::Ctx;
+use super::harness::Harness;
 use super::Service;
 
 mod admit;
@@ -23,9 +23,9 @@ pub use enqueue::{EnqueueRequest, Enqueued};
 pub use step::{Step, ToDeliver};
 pub use ticket::TicketReport;
 
-/// The void item that fills a ticket number whose request found its lease
+/// The filler item that fills a ticket number whose request found its lease
 /// id's ticket already there: admission steps over it at once.
-pub(super) fn void(number: u64, incarnation: u64, now_ms: u64) -> TicketItem {
+pub(super) fn filler_ticket(number: u64, incarnation: u64, now_ms: u64) -> TicketItem {
     let mut digest = [0xffu8; 8];
     digest[..].copy_from_slice(&(!number).to_be_bytes());
     TicketItem {
@@ -57,7 +57,7 @@ impl Service {
     /// is after, and whether this call moved it.
     async fn move_ticket(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         key: &PoolKey,
         item: TicketItem,
         to: TicketState,

@@ -12,8 +12,8 @@ use crate::domain::{
 };
 use crate::error::Error;
 use crate::keys::PoolKey;
-use crate::service::harness::{write, Ctx};
-use crate::service::{Call, Service};
+use crate::service::harness::{write, Harness};
+use crate::service::{Budget, Service};
 use crate::store::{Record, TicketStore, Updated};
 
 use super::admit;
@@ -60,7 +60,7 @@ impl Service {
         &self,
         key: &PoolKey,
         delivering: &[LeaseDigest],
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<Step, Error> {
         let tickets = self.ticket_store()?;
         let mut ctx = self.ctx(call, Duration::ZERO);
@@ -80,7 +80,7 @@ impl Service {
                 .pool
                 .queue()
                 .iter()
-                .any(|t| record.pool.async_number(t.holder.digest).is_some());
+                .any(|t| record.pool.listed_number(t.holder.digest).is_some());
             if async_queued {
                 if let Some(update) = record.pool.plan_serve(now) {
                     record = write(&mut ctx, key, &record, &update, &mut lost).await?;
@@ -118,7 +118,7 @@ impl Service {
     /// record after the round's writes, and whether any ticket was unlisted.
     async fn visit_listed(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         tickets: &dyn TicketStore,
         delivering: &[LeaseDigest],
         mut record: Record,
@@ -131,7 +131,7 @@ impl Service {
             lost,
         } = round;
         let mut changed = false;
-        for (digest, _) in record.pool.line().asyncs.clone() {
+        for (digest, _) in record.pool.line().listed.clone() {
             if delivering.contains(&digest) {
                 continue;
             }
@@ -178,7 +178,7 @@ impl Service {
     /// the ticket ended (then it is unlisted).
     async fn visit(
         &self,
-        ctx: &mut Ctx<'_>,
+        ctx: &mut Harness<'_>,
         round: Round<'_>,
         mut record: Record,
         digest: LeaseDigest,
@@ -263,7 +263,7 @@ impl Step {
         let waiting_asyncs: Vec<u64> = pool
             .queue()
             .iter()
-            .filter(|t| pool.async_number(t.holder.digest).is_some())
+            .filter(|t| pool.listed_number(t.holder.digest).is_some())
             .map(|t| (t.give_up_s * 1000).saturating_add(TICKET_GRACE_MS))
             .collect();
         if !waiting_asyncs.is_empty() {

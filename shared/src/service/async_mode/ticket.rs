@@ -6,8 +6,8 @@ use crate::clock::now_ms;
 use crate::domain::{Pool, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
-use crate::service::harness::Ctx;
-use crate::service::{Call, Service};
+use crate::service::harness::Harness;
+use crate::service::{Budget, Service};
 use crate::store::{Record, TicketStore, TicketUpdated};
 
 /// A ticket as the API reports it.
@@ -25,7 +25,7 @@ impl Service {
         &self,
         id: PoolId,
         lease: LeaseId,
-        call: &mut Call,
+        call: &mut Budget,
     ) -> Result<TicketReport, Error> {
         let tickets = self.ticket_store()?;
         let key = id.key();
@@ -46,7 +46,7 @@ impl Service {
 /// admitted, and its owner is told so now. (One admitted to the queue ends
 /// by the dispatcher's step, which also sees a slot handed to it meanwhile.)
 pub(super) async fn expire_if_over(
-    ctx: &mut Ctx<'_>,
+    ctx: &mut Harness<'_>,
     tickets: &dyn TicketStore,
     key: &PoolKey,
     record: &Record,

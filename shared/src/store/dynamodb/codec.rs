@@ -8,12 +8,12 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, ASYNCS, BASE, COUNT, ENDED, FENCE, GIVE_UP, INCARNATION, LEGACY_ENDED,
-    NEXT_TICKET, QUEUE, SLOTS, STAMPS, TOMBS,
+    ACTIVE, ADMITTED, BASE, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, INCARNATION, LEGACY_ENDED,
+    LISTED, NEXT_TICKET, QUEUE, SLOTS, STAMPS,
 };
 use super::schema::{PK, POOL_ITEM, SK};
 use crate::domain::{
-    Ended, Holder, LeaseDigest, Line, Pool, Sizing, Slot, Stamp, Ticket, Tomb, ENDED_RING,
+    AsyncLine, Ended, GivenUp, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket, ENDED_RING,
     MAX_COUNT,
 };
 use crate::keys::PoolKey;
@@ -147,9 +147,9 @@ pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
             AttributeValue::L(pool.queue().iter().map(|t| number(t.give_up_s)).collect()),
         ),
         (
-            TOMBS.to_string(),
+            GIVEN_UP.to_string(),
             AttributeValue::M(
-                pool.tombs()
+                pool.given_up()
                     .iter()
                     .map(|t| (digest_key(&t.digest), number(t.until_s)))
                     .collect(),
@@ -162,7 +162,7 @@ pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
             .map(|e| (format!("{ENDED}{}", e.place()), ended_value(*e))),
     );
     let line = pool.line();
-    if *line != Line::default() {
+    if *line != AsyncLine::default() {
         if line.active {
             item.insert(ACTIVE.to_string(), number(1));
         }
@@ -170,9 +170,9 @@ pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
             (NEXT_TICKET.to_string(), number(line.next)),
             (ADMITTED.to_string(), number(line.admitted)),
             (
-                ASYNCS.to_string(),
+                LISTED.to_string(),
                 AttributeValue::M(
-                    line.asyncs
+                    line.listed
                         .iter()
                         .map(|(digest, n)| (digest_key(digest), number(*n)))
                         .collect(),
@@ -250,10 +250,10 @@ pub(super) fn decode(item: &Item) -> Result<Record, StoreError> {
     let next_fence = next_fence(&a)?;
     let slots = slots(&a)?;
     let queue = queue(&a)?;
-    let tombs = tombs(&a)?;
+    let given_up = given_up(&a)?;
     let ended = ended(&a)?;
     let line = line(&a)?;
-    let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, tombs, ended)
+    let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, given_up, ended)
         .map(|pool| pool.with_legacy_ended(item.contains_key(LEGACY_ENDED)))
         .and_then(|pool| pool.with_line(line))
         .map_err(|e| a.corrupt(e.0))?;
@@ -318,18 +318,18 @@ fn queue(a: &Attrs) -> Result<Vec<Ticket>, StoreError> {
     Ok(queue)
 }
 
-fn tombs(a: &Attrs) -> Result<Vec<Tomb>, StoreError> {
-    let tombs = a
-        .map(TOMBS)?
+fn given_up(a: &Attrs) -> Result<Vec<GivenUp>, StoreError> {
+    let given_up = a
+        .map(GIVEN_UP)?
         .iter()
         .map(|(key, until)| {
-            Ok(Tomb {
+            Ok(GivenUp {
                 digest: a.digest(key, "tombstone key")?,
                 until_s: a.small(Some(until), "tombstone")?,
             })
         })
-        .collect::<Result<Vec<Tomb>, StoreError>>()?;
-    Ok(tombs)
+        .collect::<Result<Vec<GivenUp>, StoreError>>()?;
+    Ok(given_up)
 }
 
 fn ended(a: &Attrs) -> Result<Vec<Ended>, StoreError> {
@@ -347,9 +347,9 @@ fn ended(a: &Attrs) -> Result<Vec<Ended>, StoreError> {
     Ok(ended)
 }
 
-fn line(a: &Attrs) -> Result<Line, StoreError> {
+fn line(a: &Attrs) -> Result<AsyncLine, StoreError> {
     // Absent until the pool's first ticket number.
-    let line = Line {
+    let line = AsyncLine {
         next: a
             .item
             .get(NEXT_TICKET)
@@ -358,15 +358,15 @@ fn line(a: &Attrs) -> Result<Line, StoreError> {
             .item
             .get(ADMITTED)
             .map_or(Ok(0), |v| a.small(Some(v), ADMITTED))?,
-        asyncs: match a.item.get(ASYNCS) {
+        listed: match a.item.get(LISTED) {
             None => Vec::new(),
             Some(_) => a
-                .map(ASYNCS)?
+                .map(LISTED)?
                 .iter()
                 .map(|(key, n)| {
                     Ok((
                         a.digest(key, "async ticket key")?,
-                        a.small(Some(n), ASYNCS)?,
+                        a.small(Some(n), LISTED)?,
                     ))
                 })
                 .collect::<Result<Vec<_>, StoreError>>()?,
@@ -426,10 +426,10 @@ mod tests {
                 AttributeValue::L(vec![number(0), AttributeValue::S("x".into())]),
             ),
             (
-                TOMBS,
+                GIVEN_UP,
                 AttributeValue::M(HashMap::from([("x".to_string(), number(1))])),
             ),
-            (TOMBS, AttributeValue::L(vec![])),
+            (GIVEN_UP, AttributeValue::L(vec![])),
             (INCARNATION, AttributeValue::S("x".into())),
             (INCARNATION, number("1e40")),
         ];

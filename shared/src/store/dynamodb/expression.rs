@@ -9,8 +9,8 @@ use super::codec::{
     digest_key, ended_value, holder_value, number, sizing_value, stamp_value, HANDED, STAMP_SCALE,
 };
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, ASYNCS, COUNT, ENDED, FENCE, GIVE_UP, INCARNATION, LEGACY_ENDED, NEXT_TICKET,
-    QUEUE, SLOTS, STAMPS, TOMBS,
+    ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, INCARNATION, LEGACY_ENDED, LISTED,
+    NEXT_TICKET, QUEUE, SLOTS, STAMPS,
 };
 use crate::domain::{Change, Expect, Holder, LeaseDigest, Update};
 
@@ -56,18 +56,18 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
         }
         Expect::NotQueued(holder) => format!("NOT contains({QUEUE}, {})", e.holder(holder)),
         Expect::NotHeld(holder) => format!("NOT contains({SLOTS}, {})", e.holder(holder)),
-        Expect::NoTomb(digest) => format!("attribute_not_exists({})", e.tomb(digest)),
-        Expect::TombIs(tomb) => {
+        Expect::NotGivenUp(digest) => format!("attribute_not_exists({})", e.given_up(digest)),
+        Expect::GivenUpIs(given_up) => {
             format!(
                 "{} = {}",
-                e.tomb(tomb.digest),
-                e.value(number(tomb.until_s))
+                e.given_up(given_up.digest),
+                e.value(number(given_up.until_s))
             )
         }
         Expect::EndedIs(ended) => {
             format!("{ENDED}{} = {}", ended.place(), e.value(ended_value(ended)))
         }
-        Expect::TombsAtMost(n) => format!("size({TOMBS}) <= {}", e.value(number(n))),
+        Expect::GivenUpAtMost(n) => format!("size({GIVEN_UP}) <= {}", e.value(number(n))),
         // Items from before async mode have no counters.
         Expect::NoBacklog => {
             format!("(attribute_not_exists({NEXT_TICKET}) OR {ADMITTED} = {NEXT_TICKET})")
@@ -75,11 +75,11 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
         Expect::Admitted(admitted) => {
             format!("{ADMITTED} = {}", e.value(number(admitted)))
         }
-        Expect::AsyncIs(digest, n) => {
-            format!("{} = {}", e.asynced(digest), e.value(number(n)))
+        Expect::ListedIs(digest, n) => {
+            format!("{} = {}", e.listed(digest), e.value(number(n)))
         }
         Expect::Settled => format!(
-            "{ADMITTED} = {NEXT_TICKET} AND size({ASYNCS}) = {}",
+            "{ADMITTED} = {NEXT_TICKET} AND size({LISTED}) = {}",
             e.zero()
         ),
     }
@@ -106,8 +106,8 @@ impl Clauses {
             | Change::Truncate { .. } => self.add_slot(e, change),
             Change::NumberTicket
             | Change::SetAdmitted(_)
-            | Change::SetAsync(..)
-            | Change::RemoveAsync(_)
+            | Change::SetListed(..)
+            | Change::RemoveListed(_)
             | Change::Settle => self.add_line(e, change),
             Change::Append(ticket) => {
                 self.appended.push(holder_value(ticket.holder));
@@ -117,15 +117,15 @@ impl Clauses {
                 self.removes.insert(format!("{QUEUE}[{index}]"));
                 self.removes.insert(format!("{GIVE_UP}[{index}]"));
             }
-            Change::SetTomb(tomb) => {
+            Change::SetGivenUp(given_up) => {
                 self.sets.push(format!(
                     "{} = {}",
-                    e.tomb(tomb.digest),
-                    e.value(number(tomb.until_s))
+                    e.given_up(given_up.digest),
+                    e.value(number(given_up.until_s))
                 ));
             }
-            Change::RemoveTomb(digest) => {
-                self.removes.insert(e.tomb(digest));
+            Change::ForgetGivenUp(digest) => {
+                self.removes.insert(e.given_up(digest));
             }
             Change::SetEnded(ended) => {
                 self.sets.push(format!(
@@ -220,19 +220,19 @@ impl Clauses {
                     .push(format!("{ADMITTED} = if_not_exists({ADMITTED}, {zero})"));
                 // Admission lists async tickets in it.
                 self.sets
-                    .push(format!("{ASYNCS} = if_not_exists({ASYNCS}, {empty})"));
+                    .push(format!("{LISTED} = if_not_exists({LISTED}, {empty})"));
                 self.sets.push(format!("{ACTIVE} = {one}"));
             }
             Change::SetAdmitted(admitted) => {
                 self.sets
                     .push(format!("{ADMITTED} = {}", e.value(number(admitted))));
             }
-            Change::SetAsync(digest, n) => {
+            Change::SetListed(digest, n) => {
                 self.sets
-                    .push(format!("{} = {}", e.asynced(digest), e.value(number(n))));
+                    .push(format!("{} = {}", e.listed(digest), e.value(number(n))));
             }
-            Change::RemoveAsync(digest) => {
-                self.removes.insert(e.asynced(digest));
+            Change::RemoveListed(digest) => {
+                self.removes.insert(e.listed(digest));
             }
             Change::Settle => {
                 self.removes.insert(ACTIVE.to_string());
@@ -316,13 +316,13 @@ impl ExpressionBuilder {
 
     /// `x.#tN` for a tombstone key (digest keys may hold '-', which
     /// placeholders must not).
-    fn tomb(&mut self, digest: LeaseDigest) -> String {
-        format!("{TOMBS}.{}", self.digest(digest))
+    fn given_up(&mut self, digest: LeaseDigest) -> String {
+        format!("{GIVEN_UP}.{}", self.digest(digest))
     }
 
     /// `y.#tN` for an async ticket's key.
-    fn asynced(&mut self, digest: LeaseDigest) -> String {
-        format!("{ASYNCS}.{}", self.digest(digest))
+    fn listed(&mut self, digest: LeaseDigest) -> String {
+        format!("{LISTED}.{}", self.digest(digest))
     }
 
     fn digest(&mut self, digest: LeaseDigest) -> String {

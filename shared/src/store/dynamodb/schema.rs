@@ -64,7 +64,7 @@ pub mod pool_item {
     pub const STAMPS: &str = "g";
     pub const QUEUE: &str = "q";
     pub const GIVE_UP: &str = "w";
-    pub const TOMBS: &str = "x";
+    pub const GIVEN_UP: &str = "x";
     /// The ring of reused short grants: one attribute per place, `r0`, `r1`, …
     pub const ENDED: &str = "r";
     /// The map of ended grants by lease id that an older version kept (without
@@ -72,12 +72,12 @@ pub mod pool_item {
     pub const LEGACY_ENDED: &str = "e";
     pub const NEXT_TICKET: &str = "n";
     pub const ADMITTED: &str = "a";
-    pub const ASYNCS: &str = "y";
+    pub const LISTED: &str = "y";
     /// The async-work flag (see [`dispatches`](super::dispatches)).
     pub const ACTIVE: &str = "z";
     /// The pool item's attribute holding the wake armed for it (Unix ms): one
     /// pending wake per pool, whichever invocations want one.
-    pub const WAKE: &str = "wk";
+    pub const PENDING_WAKE: &str = "wk";
 }
 
 /// A ticket item's attributes (besides the keys and [`NUMBER`]).
@@ -192,13 +192,13 @@ mod tests {
             STAMPS,
             QUEUE,
             GIVE_UP,
-            TOMBS,
+            GIVEN_UP,
             LEGACY_ENDED,
             NEXT_TICKET,
             ADMITTED,
-            ASYNCS,
+            LISTED,
             ACTIVE,
-            WAKE,
+            PENDING_WAKE,
         ];
         pool.extend(ring.iter().map(String::as_str));
         assert_eq!(pool.iter().collect::<BTreeSet<_>>().len(), pool.len());

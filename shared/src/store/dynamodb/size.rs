@@ -55,7 +55,8 @@ mod tests {
     use super::super::test_support::{full_pool, NOW};
     use super::*;
     use crate::domain::{
-        Ended, Holder, LeaseDigest, Line, Pool, Sizing, Slot, Stamp, Ticket, Tomb, MAX_COUNT,
+        AsyncLine, Ended, GivenUp, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket,
+        MAX_COUNT,
     };
 
     /// Issue #16's item targets, in DynamoDB's own size rules.
@@ -86,7 +87,7 @@ mod tests {
     #[test]
     fn the_largest_item_fits() {
         use crate::config::{TTL_SECONDS, WAITERS};
-        use crate::domain::{ENDED_RING, MAX_LISTED, MAX_TOMBS};
+        use crate::domain::{ENDED_RING, MAX_GIVEN_UP, MAX_LISTED};
         const OLD: u64 = 1_000_000_000_000;
         let key = PoolKey([7; 16]);
         let ttl_ms = (TTL_SECONDS.1 * 1000.0) as u64;
@@ -114,8 +115,8 @@ mod tests {
                 give_up_s: NOW / 1000 + 600_000,
             })
             .collect();
-        let tombs = (0..MAX_TOMBS as u64)
-            .map(|n| Tomb {
+        let given_up = (0..MAX_GIVEN_UP as u64)
+            .map(|n| GivenUp {
                 digest: big(20_000 + n).digest,
                 until_s: NOW / 1000 + 30,
             })
@@ -131,10 +132,10 @@ mod tests {
                 },
             })
             .collect();
-        let line = Line {
+        let line = AsyncLine {
             next: OLD,
             admitted: OLD - 1,
-            asyncs: (0..MAX_LISTED as u64)
+            listed: (0..MAX_LISTED as u64)
                 .map(|n| (big(40_000 + n).digest, OLD - 1 - n))
                 .collect(),
             active: true,
@@ -148,7 +149,7 @@ mod tests {
             OLD + 2 * u64::from(MAX_COUNT),
             slots,
             queue,
-            tombs,
+            given_up,
             ended,
         )
         .and_then(|pool| pool.with_line(line))

@@ -61,7 +61,7 @@ pub(super) fn full_pool(count: u16, waiting: u16, grants: u64) -> Record {
             pool.next_fence() + grants,
             slots,
             pool.queue().to_vec(),
-            pool.tombs().to_vec(),
+            pool.given_up().to_vec(),
             pool.ended().to_vec(),
         )
         .unwrap(),

@@ -4,7 +4,7 @@
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::AttributeValue;
 
-use super::schema::pool_item::WAKE;
+use super::schema::pool_item::PENDING_WAKE;
 use super::schema::PK;
 use super::{pool_key, store_error, DynamoDbStore};
 use crate::keys::PoolKey;
@@ -26,11 +26,11 @@ impl DynamoDbStore {
             .update_item()
             .table_name(&self.table)
             .set_key(Some(pool_key(key)))
-            .update_expression(format!("SET {WAKE} = :at"))
+            .update_expression(format!("SET {PENDING_WAKE} = :at"))
             // A pending wake is one not yet due; a due or past one was handled
             // (or lost) and a new one may be armed.
             .condition_expression(format!(
-                "attribute_exists({PK}) AND (attribute_not_exists({WAKE}) OR {WAKE} > :at OR {WAKE} < :now)"
+                "attribute_exists({PK}) AND (attribute_not_exists({PENDING_WAKE}) OR {PENDING_WAKE} > :at OR {PENDING_WAKE} < :now)"
             ))
             .expression_attribute_values(":at", AttributeValue::N(at_ms.to_string()))
             .expression_attribute_values(":now", AttributeValue::N(now_ms.to_string()))

@@ -21,7 +21,7 @@ use clap::Parser;
 use semaphore::api;
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{Caller, Dispatcher, Local};
-use semaphore::service::{Call, Limits, Service};
+use semaphore::service::{Budget, Limits, Service};
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore_tests::counting::{on_the_wire, Counters};
 use semaphore_tests::receiver::{answer, read_request};
@@ -350,7 +350,7 @@ async fn main() -> Result<(), String> {
 async fn call(service: &Service, method: &str, path: &str, body: Value) -> (u16, Value) {
     let response = match api::resolve(method, path) {
         Ok((route, id)) => {
-            let mut call = Call::new(None);
+            let mut call = Budget::new(None);
             api::handle(service, route, id, body.to_string().as_bytes(), &mut call).await
         }
         Err(err) => api::error_response(&err),
