@@ -257,6 +257,24 @@ fn a_refusal_while_a_slot_was_free_for_long_is_a_lost_wakeup() {
     assert_flags(&ops, &strict(), Rule::LostWakeup);
 }
 
+/// A waiter that answered late had slow store calls then: a free run shorter
+/// than its lateness (plus the tolerance) may have fallen between two of its
+/// reads. The same run with an answer on time is flagged.
+#[test]
+fn a_late_answer_widens_the_wakeup_tolerance_by_its_lateness() {
+    let history = |answered| {
+        vec![
+            register(P, 1, 0, 0, 1),
+            // Expires by +120; free from then until the wait ends at +430.
+            granted(1, P, 1, 0, 100, 10, 20),
+            refused(2, P, 400, 30, answered),
+        ]
+    };
+    assert_flags(&history(431), &strict(), Rule::LostWakeup);
+    let late = check(&history(830), &strict());
+    assert!(late.is_empty(), "{late:?}");
+}
+
 #[test]
 fn a_refusal_while_a_slot_was_free_for_the_whole_call_is_flagged() {
     let ops = vec![

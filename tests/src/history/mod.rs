@@ -9,7 +9,8 @@
 //!
 //! The checker reports only what holds for *every* placement of effects inside
 //! their windows, so each report is a definite violation, never a scheduling
-//! artefact. The one heuristic is rule [`Rule::LostWakeup`]'s tolerance.
+//! artefact. The one heuristic is rule [`Rule::LostWakeup`]'s tolerance (widened
+//! by how late the waiter answered: its store calls were that slow then).
 //!
 //! Each granted lease gets two spans of whole milliseconds:
 //! - *surely live* `[borrow response + 1, earliest possible end)`: stored and

@@ -183,9 +183,14 @@ impl<'h> Checker<'h> {
             }
         }
         let waited_until = b.min(a.saturating_add(wait_ms)) + 1;
+        // A waiter reads no faster than the store answers: how late it
+        // answered past its wait's end shows how long its last store call
+        // took then (hundreds of ms on a loaded machine), so a free run
+        // that short may fall between two of its reads.
+        let deadline = a.saturating_add(wait_ms.min(self.config.max_wait_ms));
+        let tolerance = self.config.wakeup_tolerance_ms + b.saturating_sub(deadline);
         let lost = runs.iter().find(|&&(start, end)| {
-            (start == a && end == b + 1)
-                || end.min(waited_until).saturating_sub(start) >= self.config.wakeup_tolerance_ms
+            (start == a && end == b + 1) || end.min(waited_until).saturating_sub(start) >= tolerance
         });
         if let Some(&(start, end)) = lost {
             let message = format!(
