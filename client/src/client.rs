@@ -124,13 +124,21 @@ impl Client {
     /// local-api, the stack's `ApiUrl` when deployed. A path in it (a stage)
     /// is kept: routes are resolved under it.
     pub fn new(base_url: &str) -> Result<Client, Error> {
-        let mut base =
-            Url::parse(base_url).map_err(|e| Error::InvalidUrl(format!("{base_url:?}: {e}")))?;
-        if !matches!(base.scheme(), "http" | "https") || base.cannot_be_a_base() {
+        let parsed = Url::parse(base_url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "http" | "https") && !url.cannot_be_a_base());
+        let Some(mut base) = parsed else {
+            // `127.0.0.1:3000` does not parse, `localhost:3000` parses with the
+            // scheme `localhost`: both most likely lack `http://`.
+            let hint = if base_url.contains("://") {
+                String::new()
+            } else {
+                format!(" (did you mean http://{base_url}?)")
+            };
             return Err(Error::InvalidUrl(format!(
-                "{base_url:?}: must be an http:// or https:// URL"
+                "{base_url:?} is not an http:// or https:// URL{hint}"
             )));
-        }
+        };
         // `…/prod` is the stage `prod`: without the slash, joining would drop it.
         if !base.path().ends_with('/') {
             let path = format!("{}/", base.path());
@@ -254,6 +262,13 @@ pub(crate) fn describe(err: reqwest::Error) -> String {
         text.push_str(": ");
         text.push_str(&cause.to_string());
         source = cause.source();
+    }
+    // rustls's words for a TLS handshake answered in plain HTTP; its error
+    // type is not reachable through reqwest's.
+    if text.contains("InvalidContentType") {
+        text.push_str(
+            " (the server does not speak TLS: if it is local-api, use http:// instead of https://)",
+        );
     }
     text
 }

@@ -229,6 +229,16 @@ fn run_passes_the_commands_status_through(store: Backend) {
     let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "/nonexistent/command"]));
     assert_eq!(code(&out), 127);
     assert_eq!(in_use(&pool), 0);
+
+    // COMMAND succeeded, but the pool was deleted under it: not a success.
+    let deleting = format!("{SEMAPHORE} delete >/dev/null && echo deleted",);
+    let out = output(semaphore(&server.url, pool.id()).args(["run", "--", "sh", "-c", &deleting]));
+    assert_eq!(code(&out), 66, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("deleted while COMMAND ran"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 fn run_exits_1_when_no_slot_frees_up_and_e_changes_it(store: Backend) {
@@ -529,6 +539,52 @@ fn bad_usage_exits_64() {
     assert!(stderr(&out).contains("SEMAPHORE_URL"), "{}", stderr(&out));
     let out = output(semaphore("ftp://x", pool).arg("inspect"));
     assert_eq!(code(&out), 64);
+
+    // Each message says what was wrong and what to type instead.
+    for (args, says) in [
+        (
+            &["--url", "127.0.0.1:39800", "inspect"][..],
+            "did you mean http://127.0.0.1:39800?",
+        ),
+        (
+            &["--url", "localhost:3000", "inspect"],
+            "did you mean http://localhost:3000?",
+        ),
+        (&["--pool", "not-a-uuid", "inspect"], "is not a UUID"),
+        (&["return", "nope"], "`semaphore uuid` prints a new one"),
+        (
+            &["borrow", "--ttl", "-5"],
+            "\"-5\" is not a number of seconds greater than 0",
+        ),
+        (
+            &["borrow", "--ttl", "1", "--wait", "-1"],
+            "\"-1\" is not a number of seconds, 0 or more",
+        ),
+        (
+            &["run", "--ttl", "-5", "--", "true"],
+            "\"-5\" is not a number of seconds greater than 0",
+        ),
+    ] {
+        let out = output(semaphore(url, pool).args(args));
+        assert_eq!(code(&out), 64, "{args:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains(says), "{args:?}: {}", stderr(&out));
+    }
+
+    // A new UUID, with no URL or pool needed.
+    let out = output(
+        Command::new(SEMAPHORE)
+            .env_remove("SEMAPHORE_URL")
+            .env_remove("SEMAPHORE_POOL")
+            .arg("uuid"),
+    );
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(Uuid::parse_str(printed.trim()).is_ok(), "{printed:?}");
+    let out = output(semaphore(url, pool).args(["enqueue", "--help"]));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("--allow-local-callbacks"),
+        "enqueue --help says how to allow a local receiver"
+    );
 
     let out = output(semaphore(url, pool).arg("--help"));
     assert_eq!(code(&out), 0);

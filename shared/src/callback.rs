@@ -47,7 +47,9 @@ impl fmt::Display for Refusal {
         match self {
             Refusal::NotAUrl => f.write_str("callback url is not a URL"),
             Refusal::TooLong => write!(f, "callback url is longer than {MAX_URL_LEN} characters"),
-            Refusal::Scheme => f.write_str("callback url must be https"),
+            Refusal::Scheme => f.write_str(
+                "callback url must be https (http too, when the service allows local callbacks)",
+            ),
             Refusal::Credentials => f.write_str("callback url must not carry a user or password"),
             Refusal::NoHost => f.write_str("callback url has no host"),
             // The address is the caller's own input: safe to say.

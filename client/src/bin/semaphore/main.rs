@@ -75,7 +75,8 @@ EXIT STATUS:
            semaphore service (it answers 404 \"not found\", or is another server);
            a request the service refused (400)
     66     the pool does not exist (the service answered 404 \"pool not found\");
-           `ticket`, `cancel`: the pool has no ticket of that lease
+           `ticket`, `cancel`: the pool has no ticket of that lease; `run`:
+           COMMAND exited 0, but the pool was deleted while it ran
     69     the service is unreachable, or answered 5xx after the retries
     124    `run`: the lease was about to end while COMMAND still ran: COMMAND was
            stopped (SIGTERM, then SIGKILL before the lease ended); or the lease
@@ -88,7 +89,7 @@ EXIT STATUS:
            after COMMAND exited
 
 EXAMPLES:
-    export SEMAPHORE_URL=http://127.0.0.1:3000 SEMAPHORE_POOL=$(uuidgen)
+    export SEMAPHORE_URL=http://127.0.0.1:3000 SEMAPHORE_POOL=$(semaphore uuid)
     semaphore register --count 2
     semaphore run --ttl 60 --wait 120 -- make test
     LEASE=$(semaphore borrow --ttl 30 | jq -r .lease)
@@ -118,7 +119,8 @@ struct Cli {
         env = "SEMAPHORE_POOL",
         value_name = "UUID",
         global = true,
-        hide_env_values = true
+        hide_env_values = true,
+        value_parser = uuid_arg
     )]
     pool: Option<Uuid>,
 
@@ -158,7 +160,7 @@ enum Command {
     #[command(name = "return")]
     Return {
         /// The lease UUID.
-        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true)]
+        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true, value_parser = uuid_arg)]
         lease: Uuid,
     },
     /// Borrow a slot, run COMMAND while holding it, then return it.
@@ -171,29 +173,34 @@ enum Command {
     /// Async mode: show the state of the ticket of LEASE.
     Ticket {
         /// The lease UUID the ticket was queued with.
-        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true)]
+        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true, value_parser = uuid_arg)]
         lease: Uuid,
     },
     /// Async mode: give the ticket of LEASE up, if it still waits.
     Cancel {
         /// The lease UUID the ticket was queued with.
-        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true)]
+        #[arg(env = "SEMAPHORE_LEASE", value_name = "LEASE", hide_env_values = true, value_parser = uuid_arg)]
         lease: Uuid,
     },
+    /// Print a new random UUID: a pool id (keep it secret: it is the pool's
+    /// only credential) or a lease id. Needs no --url or --pool.
+    Uuid,
 }
 
 #[derive(Debug, Args)]
 struct EnqueueArgs {
     /// Seconds the lease lives from its grant.
-    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, allow_negative_numbers = true)]
     ttl: Duration,
 
     /// Seconds the ticket may wait for a grant (default: the service's
     /// maximum, a day unless configured).
-    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, allow_negative_numbers = true)]
     wait: Option<Duration>,
 
-    /// The receiver's https URL (the service calls public addresses only).
+    /// The receiver's https URL. The service calls public addresses only;
+    /// http and loopback receivers are allowed only by a service started for
+    /// local use (`local-api --allow-local-callbacks`, or ALLOW_LOCAL_CALLBACKS=true).
     #[arg(long, value_name = "URL")]
     callback: String,
 
@@ -208,7 +215,7 @@ struct EnqueueArgs {
 
     /// The lease UUID (default: a new one); the same UUID again is the same
     /// ticket.
-    #[arg(long, value_name = "UUID")]
+    #[arg(long, value_name = "UUID", value_parser = uuid_arg)]
     lease: Option<Uuid>,
 }
 
@@ -216,12 +223,12 @@ struct EnqueueArgs {
 struct BorrowArgs {
     /// Seconds the lease lives (fractions allowed; the service clamps it to its
     /// maximum, 3600 by default: the answer's expires_in is what it granted).
-    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, allow_negative_numbers = true)]
     ttl: Duration,
 
     /// Seconds to wait for a free slot; any length (the client borrows again
     /// past the service's own maximum).
-    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0")]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0", allow_negative_numbers = true)]
     wait: Duration,
 }
 
@@ -230,11 +237,11 @@ struct RunArgs {
     /// Seconds the lease lives (the service may grant less: its maximum, 3600
     /// by default). COMMAND must be done before it ends: it is stopped
     /// (SIGTERM, then SIGKILL) just before, and semaphore exits 124.
-    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, default_value = "300")]
+    #[arg(long, value_name = "SECONDS", value_parser = positive_seconds, default_value = "300", allow_negative_numbers = true)]
     ttl: Duration,
 
     /// Seconds to wait for a free slot before giving up (exit 1, or -E's CODE).
-    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0")]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0", allow_negative_numbers = true)]
     wait: Duration,
 
     /// Exit status when no slot freed up within --wait (as flock -E).
@@ -250,7 +257,7 @@ struct RunArgs {
     /// goes this long before the SIGKILL that comes just before the lease ends.
     /// Default: a tenth of the lease's time, at most 10 s. Must be shorter
     /// than --ttl.
-    #[arg(long, value_name = "SECONDS", value_parser = seconds)]
+    #[arg(long, value_name = "SECONDS", value_parser = seconds, allow_negative_numbers = true)]
     kill_after: Option<Duration>,
 
     /// Keep COMMAND in semaphore's process group, for a COMMAND that reads
@@ -267,6 +274,16 @@ struct RunArgs {
         allow_hyphen_values = true
     )]
     command: Vec<OsString>,
+}
+
+/// A UUID, with a message that says what one looks like.
+fn uuid_arg(text: &str) -> Result<Uuid, String> {
+    Uuid::parse_str(text.trim()).map_err(|_| {
+        format!(
+            "{text:?} is not a UUID (like 8d5f0c3e-2b1a-4c7e-9f30-6a1d2e4b5c70; \
+             `semaphore uuid` prints a new one)"
+        )
+    })
 }
 
 fn seconds(text: &str) -> Result<Duration, String> {
@@ -307,6 +324,10 @@ fn main() -> ExitCode {
 }
 
 async fn dispatch(cli: Cli) -> u8 {
+    if let Command::Uuid = cli.command {
+        println!("{}", Uuid::new_v4().hyphenated());
+        return 0;
+    }
     let Some(url) = cli.url else {
         eprintln!("semaphore: no service URL: pass --url URL or set SEMAPHORE_URL");
         return exit::USAGE;
@@ -422,6 +443,8 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
         }
         Command::Ticket { lease } => pool.ticket(lease).await.map(|t| print_ticket(&t, human)),
         Command::Cancel { lease } => pool.cancel(lease).await.map(|t| print_ticket(&t, human)),
+        // Answered before any URL or pool is needed (`dispatch`).
+        Command::Uuid => Ok(()),
     };
     match outcome {
         Ok(()) => 0,

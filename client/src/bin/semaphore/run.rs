@@ -104,7 +104,7 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
         Err(Stopped::Exit(code)) => return code,
     };
     let Some(schedule) = Schedule::new(pool, &lease, &args) else {
-        give_back(lease).await;
+        let _ = give_back(lease).await;
         return exit::TIMED_OUT;
     };
 
@@ -139,7 +139,7 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
         Ok(child) => child,
         Err(err) => {
             eprintln!("semaphore: cannot run {}: {err}", program.to_string_lossy());
-            give_back(lease).await;
+            let _ = give_back(lease).await;
             return if err.kind() == std::io::ErrorKind::NotFound {
                 exit::NOT_FOUND
             } else {
@@ -158,7 +158,13 @@ pub async fn run(pool: &Pool, url: &str, args: RunArgs) -> u8 {
         group: group.map(Pid::from_raw),
     };
     let code = running.supervise(&schedule, &mut signals).await;
-    give_back(lease).await;
+    let pool_gone = give_back(lease).await;
+    if code == 0 && pool_gone {
+        // COMMAND succeeded, but not under the pool's protection all along:
+        // whoever deleted the pool freed every slot while it ran.
+        eprintln!("semaphore: the pool was deleted while COMMAND ran: exiting 66");
+        return exit::NO_POOL;
+    }
     code
 }
 
@@ -428,13 +434,19 @@ fn exit_code(status: ExitStatus) -> u8 {
 }
 
 /// Returns the lease; a failure only costs the slot until its ttl ends.
-async fn give_back(lease: Lease) {
+/// Whether the pool was gone (deleted while the lease was held).
+async fn give_back(lease: Lease) -> bool {
     let short = lease.pool().short_id();
+    let mut gone = false;
     if let Err(err) = lease.release().await {
         let when = match err {
-            Error::PoolNotFound => "the pool is gone".to_string(),
+            Error::PoolNotFound => {
+                gone = true;
+                "the pool is gone".to_string()
+            }
             err => format!("{err}; the slot frees itself when the ttl ends"),
         };
         eprintln!("semaphore: pool {short}: could not return the lease: {when}");
     }
+    gone
 }
