@@ -957,6 +957,15 @@ fn a_wrong_url_is_not_a_missing_pool() {
         "{}",
         stderr(&out)
     );
+    // https:// to local-api's plain http: the message says which to use.
+    let https = server.url.replace("http://", "https://");
+    let out = output(semaphore(&https, pool).args(["--retries", "0", "inspect"]));
+    assert_eq!(code(&out), 69, "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("use http:// instead of https://"),
+        "{}",
+        stderr(&out)
+    );
     let html = Proxy::start(
         &server.url,
         Fault::NotFound("<html><body>Not Found</body></html>"),
