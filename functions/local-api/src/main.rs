@@ -14,8 +14,9 @@
 //! by the service), it admits, hands on, records and delivers grants to
 //! their callbacks.
 //!
-//! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS` and `MAX_WAITERS` as the
-//! functions do, and refuses a bad value the same way (exit status 2).
+//! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS`, `MAX_WAITERS` and
+//! `MAX_ASYNC_WAIT_SECONDS` as the functions do, and refuses a bad value the
+//! same way (exit status 2).
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -43,8 +44,9 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The whole semaphore API on one local HTTP server, over the same code as
 /// the Lambda functions: an in-memory store, or DynamoDB (Local).
 ///
-/// It reads MAX_TTL_SECONDS, MAX_WAIT_SECONDS and MAX_WAITERS as the functions
-/// do, and refuses a value out of range (exit status 2).
+/// It reads MAX_TTL_SECONDS, MAX_WAIT_SECONDS, MAX_WAITERS and
+/// MAX_ASYNC_WAIT_SECONDS as the functions do, and refuses a value out of
+/// range (exit status 2).
 #[derive(Debug, PartialEq, Parser)]
 #[command(name = "local-api", version)]
 struct Args {

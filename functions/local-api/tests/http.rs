@@ -223,6 +223,18 @@ fn help_documents_every_option_and_exits_0() {
     for option in ["--port", "--bind", "--dynamodb", "--table", "--log-format"] {
         assert!(stdout.contains(option), "--help lacks {option}: {stdout}");
     }
+    // And every setting it reads from the environment, as the functions do.
+    for variable in [
+        "MAX_TTL_SECONDS",
+        "MAX_WAIT_SECONDS",
+        "MAX_WAITERS",
+        "MAX_ASYNC_WAIT_SECONDS",
+    ] {
+        assert!(
+            stdout.contains(variable),
+            "--help lacks {variable}: {stdout}"
+        );
+    }
 }
 
 fn dynamodb_endpoint() -> String {
