@@ -18,6 +18,8 @@
 //! `MAX_ASYNC_WAIT_SECONDS` as the functions do, and refuses a bad value the
 //! same way (exit status 2).
 
+mod connection;
+
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::process::ExitCode;
@@ -29,14 +31,17 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::{Request, Response};
-use hyper_util::rt::TokioIo;
-use semaphore::api;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use semaphore::api::{self, ApiResponse};
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{self, Caller};
 use semaphore::metrics::LogFormat;
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore};
 use semaphore::{config, Limits, Service};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+
+use connection::{Head, Rewind};
 
 /// Requests are a few dozen bytes; anything this large is not ours.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -73,6 +78,14 @@ struct Args {
     /// stay refused.
     #[arg(long)]
     allow_local_callbacks: bool,
+    /// Seconds a client has to send a whole request (head and body); a
+    /// stalled one gets a 408 and its connection is closed.
+    #[arg(long, value_name = "SECONDS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    read_timeout: u64,
+    /// Open connections served at once (a waiting borrow holds one); past
+    /// it a new connection gets a 503 and is closed.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -160,20 +173,21 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
 
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
+    let read_timeout = Duration::from_secs(args.read_timeout);
+    let connections = Arc::new(Semaphore::new(args.max_connections as usize));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let service = service.clone();
                 let log_format = LogFormat::from(args.log_format);
+                let permit = connections.clone().try_acquire_owned().ok();
                 tokio::spawn(async move {
-                    let handler = hyper::service::service_fn(move |req| {
-                        serve(service.clone(), log_format, req)
-                    });
-                    // A client hanging up mid-request is not our error.
-                    let _ = http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), handler)
-                        .await;
+                    let Some(_permit) = permit else {
+                        connection::refuse(stream, ApiResponse::too_many_connections()).await;
+                        return;
+                    };
+                    serve_connection(stream, service, log_format, read_timeout).await;
                 });
             }
             _ = &mut shutdown => {
@@ -182,6 +196,31 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
             }
         }
     }
+}
+
+/// One connection: its first request's head read here (JSON errors for a
+/// stalled or malformed one), then hyper, which closes a later request whose
+/// head stalls.
+async fn serve_connection(
+    mut stream: TcpStream,
+    service: Arc<Service>,
+    log_format: LogFormat,
+    read_timeout: Duration,
+) {
+    let head = match connection::read_head(&mut stream, read_timeout).await {
+        Head::Ready(head) => head,
+        Head::Closed => return,
+        Head::Refuse(response) => return connection::refuse(stream, response).await,
+    };
+    let handler = hyper::service::service_fn(move |req| {
+        serve(service.clone(), log_format, read_timeout, req)
+    });
+    // A client hanging up mid-request is not our error.
+    let _ = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(read_timeout)
+        .serve_connection(TokioIo::new(Rewind::new(head, stream)), handler)
+        .await;
 }
 
 async fn shutdown_signal() {
@@ -208,6 +247,7 @@ async fn shutdown_signal() {
 async fn serve(
     service: Arc<Service>,
     log_format: LogFormat,
+    read_timeout: Duration,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let method = request.method().as_str().to_owned();
@@ -220,18 +260,27 @@ async fn serve(
         log: log_format,
         give_up_with: Some(service.clone()),
     };
-    // Read once the request is routed; over the limit, a 413.
+    // Read once the request is routed; over the limit, a 413; stalled, a 408.
     let body = async move {
-        Limited::new(request.into_body(), MAX_BODY_BYTES)
-            .collect()
-            .await
-            .map(|body| body.to_bytes())
-            .map_err(|_| api::TooLarge)
+        let collect = Limited::new(request.into_body(), MAX_BODY_BYTES).collect();
+        match tokio::time::timeout(read_timeout, collect).await {
+            Ok(Ok(body)) => Ok(body.to_bytes()),
+            Ok(Err(_)) => Err(ApiResponse::from(api::TooLarge)),
+            Err(_) => Err(ApiResponse::from(api::BodyTimedOut(read_timeout))),
+        }
     };
     let response = api::serve(Some(&service), incoming, body).await;
-    Ok(response
+    let mut response = response
         .into_http()
-        .map(|body| Full::new(Bytes::from(body))))
+        .map(|body| Full::new(Bytes::from(body)));
+    if response.status() == hyper::StatusCode::REQUEST_TIMEOUT {
+        // The rest of a stalled body may never come: the connection ends.
+        response.headers_mut().insert(
+            hyper::header::CONNECTION,
+            hyper::header::HeaderValue::from_static("close"),
+        );
+    }
+    Ok(response)
 }
 
 #[cfg(test)]
@@ -254,6 +303,8 @@ mod tests {
                 table: None,
                 log_format: Format::Text,
                 allow_local_callbacks: false,
+                read_timeout: 10,
+                max_connections: 1024,
             }
         );
         assert_eq!(
@@ -265,6 +316,8 @@ mod tests {
                 table: Some("t".into()),
                 log_format: Format::Text,
                 allow_local_callbacks: false,
+                read_timeout: 10,
+                max_connections: 1024,
             }
         );
         assert_eq!(

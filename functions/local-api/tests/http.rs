@@ -491,3 +491,114 @@ fn a_disconnected_waiter_frees_its_place_on_dynamodb_local() {
     let server = Server::start(&["--dynamodb", &dynamodb_endpoint(), "--table", &table]);
     a_disconnected_waiter_frees_its_place(&server);
 }
+
+/// What a raw request over one connection got back: status, head, JSON body,
+/// and how long the answer took.
+fn raw_exchange(port: u16, send: &[u8]) -> (u16, String, Value, Duration) {
+    let started = Instant::now();
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream.write_all(send).unwrap();
+    let mut answer = Vec::new();
+    // The server closes the connection after each of these answers.
+    let _ = stream.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| {
+        panic!(
+            "no HTTP answer to {:?}: {answer:?}",
+            String::from_utf8_lossy(send)
+        )
+    });
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let json = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: body {body:?}"));
+    (status, head.to_lowercase(), json, started.elapsed())
+}
+
+/// API.md: every answer is JSON, even to what is not HTTP; a stalled client
+/// is answered 408 and let go after the read timeout.
+#[test]
+fn malformed_and_stalled_requests_get_json_errors() {
+    let server = Server::start(&["--read-timeout", "1"]);
+    let cases: [(&[u8], u16); 5] = [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /l/x HTTP/9.9\r\n\r\n", 400),
+        // Announced 100 bytes, sent 8.
+        (
+            b"POST /l/6f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01/borrow HTTP/1.1\r\nHost: a\r\nContent-Length: 100\r\n\r\n{\"ttl\":1",
+            408,
+        ),
+        // Headers never finished.
+        (b"GET /l/6f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01 HTTP/1.1\r\nHost: a\r\n", 408),
+        (b"GET /openapi.json HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", 200),
+    ];
+    for (send, expected) in cases {
+        let (status, head, body, took) = raw_exchange(server.port, send);
+        let what = String::from_utf8_lossy(send);
+        assert_eq!(status, expected, "{what:?}: {head} {body}");
+        assert!(
+            head.contains("content-type: application/json"),
+            "{what:?}: {head}"
+        );
+        if expected != 200 {
+            assert!(body["error"].is_string(), "{what:?}: {body}");
+        }
+        if expected == 408 {
+            assert!(
+                took < Duration::from_secs(5),
+                "{what:?}: answered after {took:?}"
+            );
+            assert!(body["error"].as_str().unwrap().contains("1 s"), "{body}");
+        }
+    }
+    let long = format!("GET /{} HTTP/1.1\r\nHost: a\r\n\r\n", "a".repeat(100_000));
+    let (status, head, body, _) = raw_exchange(server.port, long.as_bytes());
+    assert_eq!(status, 414, "{head} {body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("too long"),
+        "{body}"
+    );
+}
+
+/// Past --max-connections, a new connection gets a JSON 503 at once.
+#[test]
+fn connections_past_the_cap_get_a_json_503() {
+    let server = Server::start(&["--max-connections", "2", "--read-timeout", "10"]);
+    // Two connections held open, sending nothing yet.
+    let held: Vec<TcpStream> = (0..2)
+        .map(|_| TcpStream::connect(("127.0.0.1", server.port)).unwrap())
+        .collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let (status, _, body, took) = raw_exchange(
+        server.port,
+        b"GET /openapi.json HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("too many"),
+        "{body}"
+    );
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    drop(held);
+    // Once they close, connections are served again.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _, _, _) = raw_exchange(
+            server.port,
+            b"GET /openapi.json HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        );
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "still {status} after the held connections closed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}

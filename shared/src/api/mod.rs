@@ -15,4 +15,4 @@ mod serve;
 pub use request::{parse_pool_id, Request};
 pub use response::{error_response, ticket_body, ApiResponse};
 pub use routes::{id_from_path, resolve, Route};
-pub use serve::{handle, respond, serve, Entry, Incoming, TooLarge};
+pub use serve::{handle, respond, serve, BodyTimedOut, Entry, Incoming, TooLarge};

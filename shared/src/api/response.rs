@@ -41,6 +41,42 @@ impl ApiResponse {
         }
     }
 
+    /// 408: a request (head or body) that did not arrive within local-api's
+    /// read timeout; the connection is closed after it.
+    pub fn request_timeout(after: std::time::Duration) -> Self {
+        ApiResponse {
+            status: 408,
+            body: serde_json::json!({
+                "error": format!(
+                    "the request did not arrive within {} s; send it whole and retry",
+                    after.as_secs_f64()
+                )
+            }),
+            allow: None,
+        }
+    }
+
+    /// 503: local-api has as many connections open as it allows.
+    pub fn too_many_connections() -> Self {
+        ApiResponse {
+            status: 503,
+            body: serde_json::json!({
+                "error": "too many open connections; retry with backoff"
+            }),
+            allow: None,
+        }
+    }
+
+    /// 400 / 414 / 431: a request local-api cannot parse as HTTP/1.1 (hyper
+    /// would answer these with an empty body).
+    pub fn unparsable(status: u16, why: &str) -> Self {
+        ApiResponse {
+            status,
+            body: serde_json::json!({ "error": why }),
+            allow: None,
+        }
+    }
+
     /// As an HTTP response: the JSON body, `Content-Type: application/json`,
     /// and `Allow` on a 405. Every entrypoint answers through this.
     pub fn into_http(self) -> http::Response<String> {

@@ -42,6 +42,22 @@ pub struct Incoming<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TooLarge;
 
+impl From<TooLarge> for ApiResponse {
+    fn from(_: TooLarge) -> Self {
+        ApiResponse::too_large()
+    }
+}
+
+/// The request body did not arrive within local-api's read timeout: a 408.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BodyTimedOut(pub std::time::Duration);
+
+impl From<BodyTimedOut> for ApiResponse {
+    fn from(BodyTimedOut(after): BodyTimedOut) -> Self {
+        ApiResponse::request_timeout(after)
+    }
+}
+
 /// Where a request goes: its route and raw id segment, or why nowhere.
 enum Target<'a> {
     Routed(Route, &'a str),
@@ -54,10 +70,10 @@ enum Target<'a> {
 /// log line), then its route, and one log line. `body` is awaited only once
 /// the request is routed. Without a service (`$default`: no database) no
 /// request is run: a routable one is a 404.
-pub async fn serve<B: AsRef<[u8]>>(
+pub async fn serve<B: AsRef<[u8]>, E: Into<ApiResponse>>(
     service: Option<&Service>,
     incoming: Incoming<'_>,
-    body: impl Future<Output = Result<B, TooLarge>>,
+    body: impl Future<Output = Result<B, E>>,
 ) -> ApiResponse {
     let Incoming {
         method,
@@ -86,7 +102,7 @@ pub async fn serve<B: AsRef<[u8]>>(
                     let parsed = id.and_then(|id| Request::parse(route, id, body.as_ref()));
                     run_parsed(service, route, parsed, give_up_with, &mut call).await
                 }
-                Err(TooLarge) => ApiResponse::too_large(),
+                Err(unread) => unread.into(),
             };
             (pool, response)
         }
