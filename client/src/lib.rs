@@ -196,3 +196,9 @@ mod tests {
         drop(pool.borrow(Borrow::ttl(Duration::from_secs(1))));
     }
 }
+
+/// The README's Rust example, compiled by `cargo test --doc` as written there
+/// (a user pastes it as it is).
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeExamples;
