@@ -13,9 +13,15 @@ the invocation:
   deleted; an empty or null list means success, and a malformed answer (an empty, null or
   unknown id, a bad key, not a list) fails the whole batch.
 
-The queue itself does the rest: moto's server honours VisibilityTimeout, DelaySeconds
-(queue and message) and the RedrivePolicy's maxReceiveCount (tests/aws_local/test_sqs.py
-checks each against it), so the poller does not reimplement them.
+The queue itself does the rest: moto's server (5.2.5) honours VisibilityTimeout,
+DelaySeconds (queue and message) and the RedrivePolicy's maxReceiveCount (a message
+received that many times is moved to the dead-letter queue instead of being handed out
+again), and its long polls return as soon as a message becomes visible;
+tests/aws_local/test_sqs.py checks each, so the poller does not reimplement them. Gaps
+found, none of which the poller needs to cover: moto accepts a queue DelaySeconds above
+900 (SQS refuses it; a message's DelaySeconds above 900 is refused by both); and a
+message moved after maxReceiveCount 2 shows ApproximateReceiveCount 3 in the dead-letter
+queue (the move counts as a receive; not compared with SQS).
 
 Concurrency: `pollers` loops (Lambda starts with five for a standard queue), each with one
 batch in flight. Not modelled: Lambda's scaling beyond them, batching windows

@@ -16,6 +16,17 @@ retries is sent to the on-failure queue as the documented invocation record
 
 Not modelled: MaximumRecordAgeInSeconds, batching windows, ParallelizationFactor, tumbling
 windows, the 6 MB payload cap, and the 24 h retention (DynamoDB Local keeps records).
+
+Where DynamoDB Local's stream differs from AWS's (checked with DynamoDB Local 10.3.0's jar):
+- its records say `awsRegion: "ddblocal"`; the event says us-east-1, the deployed region;
+- ApproximateCreationDateTime is rounded down to the minute (AWS: to the second). It is
+  passed on as it is; the dispatcher does not read it;
+- it opened no new shard in our runs (AWS rolls a shard over about every 4 hours), so the
+  parent-before-child order and the discovery of new shards are not exercised by the tests.
+
+`ready` (an asyncio.Event, not in the brief's interface) is set once the shards open at
+the start have their iterators, so that a caller starting with LATEST knows when a write
+will be seen.
 """
 
 from __future__ import annotations
