@@ -102,6 +102,7 @@ fn the_readme_examples_print_what_the_readme_says() {
         .output()
         .expect("run bash");
     let _ = server.kill();
+    let _ = server.wait();
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{:?}\n{stdout}\n{stderr}", out.status);
