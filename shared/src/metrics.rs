@@ -3,8 +3,10 @@
 //! extra API call and no CloudWatch client in the functions.
 //!
 //! The only dimension is the route (a handful of values). The pool id never
-//! is one (unbounded cardinality, and it is a credential): the line carries
-//! only its first 8 hex digits, to correlate.
+//! is one (unbounded cardinality, and it is a credential). Every line, of a
+//! request or of the dispatcher, names its pool the one way the dispatcher
+//! can too: the first 8 hex digits of the pool's key (the SHA-256 of the
+//! UUID's 16 bytes), which gives away nothing of the UUID.
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -12,7 +14,7 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::clock::now_ms;
-use crate::keys::{self, PoolId};
+use crate::keys::{PoolId, PoolKey};
 use crate::service::Stats;
 
 /// How a request's line is written.
@@ -91,10 +93,12 @@ impl RequestLog<'_> {
         Value::Object(line)
     }
 
-    /// The pool id's first 8 hex digits, or `-`.
+    /// The pool key's first 8 hex digits, or `-`.
     fn pool_prefix(&self) -> String {
-        self.pool
-            .map_or_else(|| "-".to_string(), |id| keys::short(&id.0))
+        self.pool.map_or_else(
+            || "-".to_string(),
+            |id| PoolKeyPrefix::of(&id.key()).to_string(),
+        )
     }
 
     /// Writes the line in `format`.
@@ -146,6 +150,13 @@ pub enum AsyncLog {
 /// not the id: still only a prefix, to correlate lines).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolKeyPrefix(pub [u8; 4]);
+
+impl PoolKeyPrefix {
+    /// How every log line names the pool of `key`.
+    pub fn of(key: &PoolKey) -> Self {
+        PoolKeyPrefix([key.0[0], key.0[1], key.0[2], key.0[3]])
+    }
+}
 
 impl std::fmt::Display for PoolKeyPrefix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -329,7 +340,10 @@ mod tests {
     #[test]
     fn no_line_holds_a_whole_uuid() {
         let text = line(200).to_string();
-        assert!(text.contains("\"pool\":\"9f1c2e7a\""), "{text}");
+        // The key's first 8 hex digits (as a delivery line names the pool),
+        // not the UUID's.
+        assert!(text.contains("\"pool\":\"ba8360a8\""), "{text}");
+        assert!(!text.contains("9f1c2e7a"), "{text}");
         assert!(!text.contains(ID) && !text.contains(&ID.replace('-', "")));
     }
 }
