@@ -147,6 +147,12 @@ pub enum AsyncLog {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PoolKeyPrefix(pub [u8; 4]);
 
+impl PoolKeyPrefix {
+    pub fn of(key: &crate::keys::PoolKey) -> Self {
+        PoolKeyPrefix([key.0[0], key.0[1], key.0[2], key.0[3]])
+    }
+}
+
 impl std::fmt::Display for PoolKeyPrefix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.0.iter().try_for_each(|b| write!(f, "{b:02x}"))
