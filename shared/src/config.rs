@@ -73,6 +73,15 @@ pub fn wake_queue_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<St
         .ok_or_else(|| "WAKE_QUEUE_URL must be set".to_string())
 }
 
+/// What the dispatcher reads at start: the wake queue, then the service's
+/// settings.
+pub fn dispatcher_settings_from_lookup(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(Config, String), String> {
+    let queue_url = wake_queue_from_lookup(&var)?;
+    Ok((Config::from_lookup(var)?, queue_url))
+}
+
 /// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25),
 /// `MAX_WAITERS` (default 100) and `MAX_ASYNC_WAIT_SECONDS` (an async
 /// ticket's longest wait; default 86400, a day).
@@ -167,16 +176,20 @@ pub async fn service_and_store_from_env() -> Result<(Service, Arc<DynamoDbStore>
 pub async fn service_and_store_from_lookup(
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<(Service, Arc<DynamoDbStore>), String> {
-    let config = Config::from_lookup(&var)?;
+    Ok(service_and_store(Config::from_lookup(&var)?).await)
+}
+
+/// The service of `config`, and the store it is built on.
+pub async fn service_and_store(config: Config) -> (Service, Arc<DynamoDbStore>) {
     let client = dynamodb_client(config.dynamodb_endpoint.as_deref()).await;
     dynamodb::warm_up(&client, &config.table_name).await;
     let store = Arc::new(DynamoDbStore::new(client, config.table_name));
-    Ok((
+    (
         Service::new(store.clone(), config.limits)
             .with_tickets(store.clone())
             .with_callback_policy(config.callbacks),
         store,
-    ))
+    )
 }
 
 #[cfg(test)]

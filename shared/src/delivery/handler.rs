@@ -75,9 +75,9 @@ impl Handler {
     /// [`config::service_and_store_from_lookup`], callbacks as it allows
     /// them, the wake queue `WAKE_QUEUE_URL`.
     pub async fn from_env() -> Result<Handler, String> {
-        let var = |name: &str| std::env::var(name).ok();
-        let queue_url = config::wake_queue_from_lookup(var)?;
-        let (service, store) = config::service_and_store_from_lookup(var).await?;
+        let (config, queue_url) =
+            config::dispatcher_settings_from_lookup(|name| std::env::var(name).ok())?;
+        let (service, store) = config::service_and_store(config).await;
         let caller = Caller::new(service.callback_policy(), Duration::from_secs(5))
             .map_err(|e| format!("the callbacks' HTTP client: {e}"))?;
         let dispatcher = Dispatcher::new(Arc::new(service), caller).with_log(LogFormat::Json);
