@@ -109,7 +109,7 @@ fn read(source: Source, raw: &Value) -> Item {
                 },
                 (id, Err(why)) => Item::Unreadable { id, why },
             },
-            Err(e) => unreadable(format!("not a stream record: {e}")),
+            Err(e) => unreadable(format!("not a stream record: {}", shape(&e))),
         },
         Source::Queue => match SqsMessage::deserialize(raw) {
             Ok(message) => {
@@ -128,8 +128,20 @@ fn read(source: Source, raw: &Value) -> Item {
                     (id, Err(why)) => Item::Unreadable { id, why },
                 }
             }
-            Err(e) => unreadable(format!("not an SQS message: {e}")),
+            Err(e) => unreadable(format!("not an SQS message: {}", shape(&e))),
         },
+    }
+}
+
+/// What is wrong with a record's shape, safe to log: serde's message for a
+/// field missing, never one that may quote a value (an image may hold a
+/// callback token).
+fn shape(e: &serde_json::Error) -> String {
+    let message = e.to_string();
+    if message.starts_with("missing field") {
+        message
+    } else {
+        "a field of the wrong type".to_string()
     }
 }
 
@@ -246,6 +258,20 @@ mod tests {
             })
             .collect();
         assert_eq!(ids, [Some("3"), Some("4"), None, Some("6"), None]);
+        let Item::Unreadable { why, .. } = &batch.items[5] else {
+            unreachable!()
+        };
+        assert!(why.contains("missing field `SizeBytes`"), "{why}");
+        let mut secret = stream_record("7", &key, &POOL_ITEM);
+        secret["dynamodb"]["NewImage"]["ct"] = json!({"S": 12345678});
+        let batch = Batch::from_payload(json!({ "Records": [secret] })).expect("a batch");
+        let Item::Unreadable { id, why } = &batch.items[0] else {
+            panic!("{:?} read", batch.items[0])
+        };
+        assert_eq!(
+            (id.as_deref(), why.contains("12345678")),
+            (Some("7"), false)
+        );
     }
 
     #[test]
