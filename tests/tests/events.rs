@@ -289,6 +289,21 @@ fn no_event_fixture_goes_untested() {
     for function in semaphore::functions::FUNCTIONS {
         let vars = &env[function.logical_id];
         assert!(vars.is_object(), "{} in env.json", function.logical_id);
+        // And nothing it does not read (the SDK's own variables aside).
+        let sdk = [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "AWS_ENDPOINT_URL_SQS",
+        ];
+        for name in vars.as_object().into_iter().flat_map(|o| o.keys()) {
+            let read = function.env.iter().any(|v| v.name == name);
+            assert!(
+                read || sdk.contains(&name.as_str()),
+                "{}: {name}",
+                function.logical_id
+            );
+        }
         for var in function.env.iter().filter(|v| v.required) {
             assert!(
                 vars[var.name].is_string(),

@@ -349,6 +349,20 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_lowered_cap_sends_wakes_sooner() {
+        let f = fixture();
+        let (key, at) = held_pool_with_a_ticket(&f).await;
+        let handler = f.handler.with_max_delay(Duration::from_secs(60));
+        let stream = json!({"Records": [{"eventID": "1", "eventName": "MODIFY",
+            "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
+            "dynamodb": {"Keys": {"pk": {"B": STANDARD.encode(key.0)}, "sk": {"B": "AA=="}},
+                "SequenceNumber": "1", "SizeBytes": 30}}]});
+        let response = handler.handle_batch(stream, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        assert_eq!(f.sent.taken(), [(wake(key, at), Duration::from_secs(60))]);
+    }
+
+    #[tokio::test]
     async fn a_stray_wake_arms_nothing_while_another_is_pending() {
         let f = fixture();
         let (key, at) = held_pool_with_a_ticket(&f).await;
