@@ -12,6 +12,7 @@ use aws_config::timeout::TimeoutConfig;
 use aws_config::{BehaviorVersion, Region};
 use aws_sdk_dynamodb::config::Credentials;
 
+use crate::callback::CallbackPolicy;
 use crate::service::{Limits, Service};
 use crate::store::{dynamodb, DynamoDbStore};
 
@@ -29,10 +30,16 @@ pub const WAITERS: (u64, u64) = (1, 1000);
 pub struct Config {
     pub table_name: String,
     pub limits: Limits,
+    /// `AWS_ENDPOINT_URL_DYNAMODB`: another DynamoDB (DynamoDB Local).
+    pub dynamodb_endpoint: Option<String>,
+    /// `ALLOW_LOCAL_CALLBACKS=true`: also `http` and loopback callbacks, for a
+    /// receiver on the same machine. Local runs only: template.yaml leaves it unset.
+    pub callbacks: CallbackPolicy,
 }
 
 impl Config {
-    /// `TABLE_NAME` (required) and the limits of [`limits_from_lookup`].
+    /// `TABLE_NAME` (required), the limits of [`limits_from_lookup`],
+    /// `AWS_ENDPOINT_URL_DYNAMODB` and `ALLOW_LOCAL_CALLBACKS` (optional).
     pub fn from_env() -> Result<Self, String> {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
@@ -41,11 +48,38 @@ impl Config {
         let table_name = var("TABLE_NAME")
             .filter(|t| !t.is_empty())
             .ok_or("TABLE_NAME must be set")?;
+        let allow_local = match var("ALLOW_LOCAL_CALLBACKS").as_deref().map(str::trim) {
+            None | Some("" | "false") => false,
+            Some("true") => true,
+            Some(raw) => {
+                return Err(format!(
+                    "ALLOW_LOCAL_CALLBACKS must be true or false, got {raw:?}"
+                ))
+            }
+        };
         Ok(Config {
             table_name,
-            limits: limits_from_lookup(var)?,
+            limits: limits_from_lookup(&var)?,
+            dynamodb_endpoint: var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty()),
+            callbacks: CallbackPolicy { allow_local },
         })
     }
+}
+
+/// `WAKE_QUEUE_URL` (required by the dispatcher): the SQS queue of its wakes.
+pub fn wake_queue_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    var("WAKE_QUEUE_URL")
+        .filter(|url| !url.is_empty())
+        .ok_or_else(|| "WAKE_QUEUE_URL must be set".to_string())
+}
+
+/// What the dispatcher reads at start: the wake queue, then the service's
+/// settings.
+pub fn dispatcher_settings_from_lookup(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(Config, String), String> {
+    let queue_url = wake_queue_from_lookup(&var)?;
+    Ok((Config::from_lookup(var)?, queue_url))
 }
 
 /// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25),
@@ -142,15 +176,20 @@ pub async fn service_and_store_from_env() -> Result<(Service, Arc<DynamoDbStore>
 pub async fn service_and_store_from_lookup(
     var: impl Fn(&str) -> Option<String>,
 ) -> Result<(Service, Arc<DynamoDbStore>), String> {
-    let config = Config::from_lookup(&var)?;
-    let endpoint = var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty());
-    let client = dynamodb_client(endpoint.as_deref()).await;
+    Ok(service_and_store(Config::from_lookup(&var)?).await)
+}
+
+/// The service of `config`, and the store it is built on.
+pub async fn service_and_store(config: Config) -> (Service, Arc<DynamoDbStore>) {
+    let client = dynamodb_client(config.dynamodb_endpoint.as_deref()).await;
     dynamodb::warm_up(&client, &config.table_name).await;
     let store = Arc::new(DynamoDbStore::new(client, config.table_name));
-    Ok((
-        Service::new(store.clone(), config.limits).with_tickets(store.clone()),
+    (
+        Service::new(store.clone(), config.limits)
+            .with_tickets(store.clone())
+            .with_callback_policy(config.callbacks),
         store,
-    ))
+    )
 }
 
 #[cfg(test)]
@@ -208,6 +247,31 @@ mod tests {
         assert_eq!(
             (l.max_ttl_ms, l.max_wait_ms, l.max_waiters),
             (31_536_000_000, 25_000, 1000)
+        );
+    }
+
+    #[test]
+    fn local_callbacks_are_off_unless_set_to_true() {
+        let policy = |pairs: &[(&str, &str)]| {
+            let mut all = vec![("TABLE_NAME", "t")];
+            all.extend_from_slice(pairs);
+            Config::from_lookup(lookup(&all)).map(|c| c.callbacks.allow_local)
+        };
+        assert_eq!(policy(&[]), Ok(false));
+        assert_eq!(policy(&[("ALLOW_LOCAL_CALLBACKS", "")]), Ok(false));
+        assert_eq!(policy(&[("ALLOW_LOCAL_CALLBACKS", "false")]), Ok(false));
+        assert_eq!(policy(&[("ALLOW_LOCAL_CALLBACKS", "true")]), Ok(true));
+        let err = policy(&[("ALLOW_LOCAL_CALLBACKS", "yes")]).unwrap_err();
+        assert!(err.starts_with("ALLOW_LOCAL_CALLBACKS"), "{err}");
+    }
+
+    #[test]
+    fn the_wake_queue_must_be_set() {
+        assert!(wake_queue_from_lookup(lookup(&[])).is_err());
+        assert!(wake_queue_from_lookup(lookup(&[("WAKE_QUEUE_URL", "")])).is_err());
+        assert_eq!(
+            wake_queue_from_lookup(lookup(&[("WAKE_QUEUE_URL", "http://q/1")])),
+            Ok("http://q/1".to_string())
         );
     }
 

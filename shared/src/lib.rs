@@ -13,6 +13,7 @@ pub mod config;
 pub mod delivery;
 pub mod domain;
 pub mod error;
+pub mod functions;
 pub mod keys;
 pub mod metrics;
 pub mod service;

@@ -45,4 +45,5 @@ pub mod history;
 pub mod receiver;
 pub mod rng;
 pub mod truth;
+pub mod wakes;
 pub mod workload;

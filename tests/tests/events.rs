@@ -1,13 +1,25 @@
-//! Every `events/*.json` fixture (API Gateway HTTP API v2 events for
-//! `sam local invoke`) goes through lambda_http's own deserialization and the
-//! real handler, built the way each function's `main` builds it, against
+//! Every `events/*.json` fixture (API Gateway HTTP API v2 events, and the
+//! dispatcher's stream and wake queue batches, for `sam local invoke`) goes
+//! through its typed deserialization (lambda_http's, aws_lambda_events') and
+//! the real handler, built the way each function's `main` builds it, against
 //! DynamoDB Local — so the fixtures cannot rot.
 
 use std::path::{Path, PathBuf};
 
+use std::sync::{Arc, Mutex};
+
+use aws_lambda_events::event::dynamodb::Event as StreamEvent;
+use aws_lambda_events::event::sqs::SqsEvent;
 use lambda_http::{Body, Response};
+use semaphore::delivery::wake::Wake;
+use semaphore::delivery::BatchResponse;
+use semaphore::store::dynamodb::dispatches;
 use semaphore::{config, lambda, Route, Service};
+use semaphore_tests::receiver::{answer, read_request, Delivered};
+use semaphore_tests::wakes::dispatcher_on_dynamodb;
+use serde_dynamo::AttributeValue;
 use serde_json::{json, Value};
+use tokio::net::TcpListener;
 
 const POOL: &str = "9f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01";
 
@@ -48,6 +60,9 @@ async fn every_event_fixture_runs_through_the_real_handler() {
     let service = config::service_from_lookup(|name| match name {
         "AWS_ENDPOINT_URL_DYNAMODB" => Some(endpoint.clone()),
         "TABLE_NAME" => Some(semaphore_tests::harness::TABLE.to_string()),
+        // As events/env.json sets it for the enqueue function: the
+        // receiver below is on loopback.
+        "ALLOW_LOCAL_CALLBACKS" => Some("true".to_string()),
         _ => std::env::var(name).ok(),
     })
     .await
@@ -121,6 +136,133 @@ async fn every_event_fixture_runs_through_the_real_handler() {
         invoke(&service, Route::Delete, &delete).await,
         (200, json!({"deleted": false}))
     );
+
+    // The same pool (in this test: the fixtures share its id) in async mode.
+    async_fixtures_run_through_the_routes_and_the_dispatcher(&service).await;
+}
+
+/// A receiver on loopback answering every POST 200, and what it got.
+async fn receiver() -> (String, Arc<Mutex<Vec<Delivered>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}/grants", listener.local_addr().expect("addr"));
+    let got: Arc<Mutex<Vec<Delivered>>> = Arc::default();
+    let record = got.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            if let Some(delivered) = read_request(&mut stream).await {
+                record.lock().expect("lock").push(delivered);
+                answer(&mut stream, 200).await;
+            }
+        }
+    });
+    (url, got)
+}
+
+/// enqueue → ticket → the stream batch (the dispatcher grants and delivers)
+/// → the wake batch → cancel (a delivered ticket keeps its grant) → return.
+async fn async_fixtures_run_through_the_routes_and_the_dispatcher(service: &Service) {
+    let dispatcher = dispatcher_on_dynamodb().await;
+    let (url, got) = receiver().await;
+    invoke(service, Route::Register, &read_event("register.json")).await;
+
+    let mut enqueue = read_event("enqueue.json");
+    let mut body: Value = serde_json::from_str(enqueue["body"].as_str().unwrap()).unwrap();
+    let lease = body["lease"].clone();
+    body["callback"]["url"] = json!(url);
+    enqueue["body"] = json!(body.to_string());
+    assert_eq!(
+        invoke(service, Route::Enqueue, &enqueue).await,
+        (202, json!({"ticket": 0, "ahead": 0}))
+    );
+    let (status, ticket) = invoke(service, Route::Ticket, &read_event("ticket.json")).await;
+    assert_eq!(
+        (status, &ticket["state"]),
+        (200, &json!("waiting")),
+        "{ticket}"
+    );
+
+    // What the stream tells the dispatcher of the enqueue: the ticket's
+    // insert and the pool item's change.
+    let stream = read_event("dispatcher-stream.json");
+    let response = dispatcher.handler.handle_batch(stream, None).await.unwrap();
+    assert_eq!(response, BatchResponse::default());
+    let delivered = got.lock().unwrap().clone();
+    assert_eq!(delivered.len(), 1, "{delivered:?}");
+    assert_eq!(delivered[0].authorization, "Bearer s3cr3t-t0ken");
+    assert_eq!(delivered[0].body["ticket"], 0);
+    let (_, ticket) = invoke(service, Route::Ticket, &read_event("ticket.json")).await;
+    assert_eq!(ticket["state"], "delivered", "{ticket}");
+
+    // A wake long past: the pool is stepped, nothing is due, nothing armed.
+    let wake = read_event("dispatcher-wake.json");
+    let response = dispatcher.handler.handle_batch(wake, None).await.unwrap();
+    assert_eq!(response, BatchResponse::default());
+    assert_eq!(dispatcher.wakes.taken().len(), 1, "the grant's expiry only");
+
+    let (status, cancelled) = invoke(service, Route::Cancel, &read_event("cancel.json")).await;
+    assert_eq!((status, &cancelled["state"]), (200, &json!("delivered")));
+    let mut ret = read_event("return.json");
+    ret["body"] = json!(json!({ "lease": lease }).to_string());
+    assert_eq!(
+        invoke(service, Route::Return, &ret).await,
+        (200, json!({"returned": true}))
+    );
+    invoke(service, Route::Delete, &read_event("delete.json")).await;
+}
+
+/// Each fixture parses as the event it stands for, as Lambda would hand it
+/// to the function: the HTTP ones as lambda_http's request, the stream batch
+/// as a DynamoDB stream event whose records pass the template's filter, the
+/// wake batch as an SQS event whose bodies are wakes.
+#[test]
+fn every_fixture_parses_as_the_event_it_stands_for() {
+    for name in fixtures() {
+        let text = std::fs::read_to_string(events_dir().join(&name)).unwrap();
+        match name.as_str() {
+            "env.json" => {}
+            "dispatcher-stream.json" => {
+                let event: StreamEvent = serde_json::from_str(&text).expect(&name);
+                assert!(!event.records.is_empty());
+                for record in event.records {
+                    let change = record.change;
+                    let Some(AttributeValue::B(sk)) = change.keys.get("sk") else {
+                        panic!("{name}: a binary sort key")
+                    };
+                    let passes = dispatches(
+                        sk,
+                        |attribute| change.new_image.contains_key(attribute),
+                        record.event_name == "INSERT",
+                    );
+                    assert!(passes, "{name}: a record the filter passes");
+                    assert!(change.sequence_number.is_some());
+                }
+            }
+            "dispatcher-wake.json" => {
+                let event: SqsEvent = serde_json::from_str(&text).expect(&name);
+                assert!(!event.records.is_empty());
+                for message in event.records {
+                    assert!(message.message_id.is_some());
+                    let wake = Wake::from_body(message.body.as_deref().unwrap_or_default());
+                    assert!(wake.is_ok_and(|w| w.at_ms.is_some()), "{name}");
+                }
+            }
+            _ => {
+                let request = lambda_http::request::from_str(&text).expect(&name);
+                let route =
+                    semaphore::api::resolve(request.method().as_str(), request.uri().path());
+                assert!(route.is_ok(), "{name}: a route of the API");
+            }
+        }
+    }
+}
+
+fn fixtures() -> Vec<String> {
+    let mut found: Vec<String> = std::fs::read_dir(events_dir())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    found.sort();
+    found
 }
 
 /// A fixture nobody runs would rot: every event file must be exercised above.
@@ -129,31 +271,47 @@ fn no_event_fixture_goes_untested() {
     let tested = [
         "borrow-bad-input.json",
         "borrow.json",
+        "cancel.json",
         "delete.json",
+        "dispatcher-stream.json",
+        "dispatcher-wake.json",
+        "enqueue.json",
         "env.json",
         "inspect.json",
         "register.json",
         "return.json",
+        "ticket.json",
     ];
-    let mut found: Vec<String> = std::fs::read_dir(events_dir())
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .collect();
-    found.sort();
-    assert_eq!(found, tested);
-    // env.json names every function of the template.
+    assert_eq!(fixtures(), tested);
+    // env.json names every function of the template, with what it must
+    // have at start.
     let env = read_event("env.json");
-    for function in [
-        "RegisterFunction",
-        "InspectFunction",
-        "DeleteFunction",
-        "BorrowFunction",
-        "ReturnFunction",
-    ] {
-        assert!(
-            env[function]["TABLE_NAME"].is_string(),
-            "{function} in env.json"
-        );
+    for function in semaphore::functions::FUNCTIONS {
+        let vars = &env[function.logical_id];
+        assert!(vars.is_object(), "{} in env.json", function.logical_id);
+        // And nothing it does not read (the SDK's own variables aside).
+        let sdk = [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_REGION",
+            "AWS_ENDPOINT_URL_SQS",
+        ];
+        for name in vars.as_object().into_iter().flat_map(|o| o.keys()) {
+            let read = function.env.iter().any(|v| v.name == name);
+            assert!(
+                read || sdk.contains(&name.as_str()),
+                "{}: {name}",
+                function.logical_id
+            );
+        }
+        for var in function.env.iter().filter(|v| v.required) {
+            assert!(
+                vars[var.name].is_string(),
+                "{}: {}",
+                function.logical_id,
+                var.name
+            );
+        }
     }
 }
 

@@ -14,6 +14,7 @@ mod calls_per_operation;
 mod checker;
 mod clock_edges;
 mod concurrency;
+mod dispatcher;
 mod events;
 mod fair_and_fenced;
 mod item_growth;

@@ -3,12 +3,11 @@
 
 use std::convert::Infallible;
 use std::future::ready;
-use std::time::{Duration, Instant};
 
 use lambda_http::{Body, Request, RequestExt, Response};
 
 use super::{serve, ApiResponse, Entry, Incoming, Route, TooLarge};
-use crate::clock::now_ms;
+use crate::clock::deadline_instant;
 use crate::metrics::LogFormat;
 use crate::service::Service;
 
@@ -63,14 +62,6 @@ fn body_bytes(body: &Body) -> &[u8] {
     }
 }
 
-/// The invocation deadline (Unix ms) as an `Instant`; none when unset or not
-/// in the future (Lambda's always is; `cargo lambda watch` sends a timeout,
-/// 600000, where the deadline belongs, which would make every answer a 502).
-fn deadline_instant(deadline_ms: u64) -> Option<Instant> {
-    let now = now_ms();
-    (deadline_ms > now).then(|| Instant::now() + Duration::from_millis(deadline_ms - now))
-}
-
 fn into_response(response: ApiResponse) -> Response<Body> {
     response.into_http().map(Body::Text)
 }
@@ -82,19 +73,5 @@ fn request_path(request: &Request) -> &str {
         request.uri().path()
     } else {
         raw
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_a_deadline_in_the_future_is_one() {
-        assert_eq!(deadline_instant(0), None);
-        assert_eq!(deadline_instant(600_000), None, "a timeout, not a deadline");
-        let soon = deadline_instant(now_ms() + 5_000).expect("a deadline");
-        let left = soon.saturating_duration_since(Instant::now());
-        assert!(left > Duration::from_millis(4_900) && left <= Duration::from_millis(5_000));
     }
 }

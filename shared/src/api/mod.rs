@@ -14,5 +14,7 @@ mod serve;
 
 pub use request::{parse_pool_id, Request};
 pub use response::{error_response, ticket_body, ApiResponse};
+#[cfg(test)]
+pub(crate) use routes::every_route;
 pub use routes::{id_from_path, resolve, Route};
 pub use serve::{handle, respond, serve, BodyTimedOut, Entry, Incoming, TooLarge};

@@ -81,6 +81,12 @@ impl Route {
         self.entry().3
     }
 
+    /// The path as API Gateway's route names it (`/l/{id}/borrow`).
+    pub fn template_path(self) -> &'static str {
+        let key = self.key();
+        key.split_once(' ').map_or(key, |(_, path)| path)
+    }
+
     fn path(self) -> Path {
         self.entry().2
     }

@@ -191,5 +191,5 @@ impl Dispatcher {
 }
 
 fn prefix(key: &PoolKey) -> PoolKeyPrefix {
-    PoolKeyPrefix([key.0[0], key.0[1], key.0[2], key.0[3]])
+    PoolKeyPrefix::of(key)
 }

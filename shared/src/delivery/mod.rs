@@ -7,16 +7,21 @@
 //!
 //! [`Local`] runs it in-process (local-api), woken by the service's watch and
 //! by timers at each pool's next expiry; in AWS the table's stream and a
-//! wake queue do the same.
+//! wake queue do the same, their batches handled by [`Handler`].
 //!
 //! [`Service::dispatch_step`]: crate::service::Service::dispatch_step
 
 mod caller;
 mod dispatcher;
+pub mod events;
+mod handler;
 mod local;
 #[cfg(feature = "stream")]
 pub mod stream;
+pub mod wake;
 
 pub use caller::{Attempt, Caller, CheckedResolver};
 pub use dispatcher::{Dispatcher, DELIVERY_BOUND};
+pub use events::{Batch, BatchResponse};
+pub use handler::Handler;
 pub use local::Local;

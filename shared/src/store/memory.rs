@@ -8,6 +8,7 @@ use async_trait::async_trait;
 
 use super::{
     Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated, Updated,
+    WakeStore,
 };
 use crate::domain::{LeaseDigest, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
@@ -17,6 +18,8 @@ pub struct MemoryStore {
     pools: Mutex<HashMap<PoolKey, Record>>,
     /// Each pool's ticket items, by lease digest.
     tickets: Mutex<HashMap<PoolKey, BTreeMap<LeaseDigest, TicketItem>>>,
+    /// Each pool's pending wake (Unix ms), as `wk` on a DynamoDB pool item.
+    wakes: Mutex<HashMap<PoolKey, u64>>,
 }
 
 /// A lock whose holder panicked is still consistent: each write is a single
@@ -77,7 +80,49 @@ impl PoolStore for MemoryStore {
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        // The wake goes with the pool, as `wk` with its DynamoDB item.
+        lock(&self.wakes).remove(key);
         Ok(self.pools().remove(key).is_some())
+    }
+}
+
+/// The DynamoDB store's conditions on `wk`, over a map.
+#[async_trait]
+impl WakeStore for MemoryStore {
+    async fn arm_wake(
+        &self,
+        key: &PoolKey,
+        at_ms: u64,
+        now_ms: u64,
+        handled: &[u64],
+    ) -> Result<bool, StoreError> {
+        if !self.pools().contains_key(key) {
+            return Ok(false);
+        }
+        let mut wakes = lock(&self.wakes);
+        let free = wakes
+            .get(key)
+            .is_none_or(|&wk| wk > at_ms || wk < now_ms || handled.contains(&wk));
+        if free {
+            wakes.insert(*key, at_ms);
+        }
+        Ok(free)
+    }
+
+    async fn disarm_wake(&self, key: &PoolKey, handled: &[u64]) -> Result<bool, StoreError> {
+        let mut wakes = lock(&self.wakes);
+        let pending = wakes.get(key).is_some_and(|wk| handled.contains(wk));
+        if pending {
+            wakes.remove(key);
+        }
+        Ok(pending)
+    }
+}
+
+impl MemoryStore {
+    /// The pool's pending wake, if any (tests).
+    pub fn pending_wake(&self, key: &PoolKey) -> Option<u64> {
+        lock(&self.wakes).get(key).copied()
     }
 }
 

@@ -229,3 +229,29 @@ pub trait TicketStore: Send + Sync {
     /// deleted and its tickets ended); how many were removed.
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError>;
 }
+
+/// The dispatcher's pending wake of each pool (async mode in AWS, where a
+/// wake is a delayed SQS message): recorded on the pool, so that
+/// invocations wanting the same or a later wake send none while one is
+/// pending. It is not the only message queued: an earlier wake replaces a
+/// later pending one, whose message stays queued (a stray, cheap: one step).
+#[async_trait]
+pub trait WakeStore: Send + Sync {
+    /// Records a wake of the pool at `at_ms` unless another is pending (not
+    /// yet due at `now_ms`, at or before `at_ms`, and not among `handled`,
+    /// the wakes the caller is handling, which may arrive early): `true`
+    /// when it did (the caller then sends the wake), `false` when another
+    /// is pending or the pool is gone.
+    async fn arm_wake(
+        &self,
+        key: &PoolKey,
+        at_ms: u64,
+        now_ms: u64,
+        handled: &[u64],
+    ) -> Result<bool, StoreError>;
+
+    /// Clears the pending wake if it is one of `handled` (a wake handled
+    /// early that armed none after it, or one whose message was not sent),
+    /// so that it does not hold off a later one: whether it did.
+    async fn disarm_wake(&self, key: &PoolKey, handled: &[u64]) -> Result<bool, StoreError>;
+}

@@ -8,19 +8,77 @@ use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex, Projection,
     ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType, TableStatus,
+    TimeToLiveSpecification, TimeToLiveStatus,
 };
 use aws_sdk_dynamodb::Client;
 
+use super::schema::ticket_item::EXPIRES_AT;
 use super::schema::{BY_TICKET, NUMBER, PK, SK, WARM_UP_KEY};
 use super::store_error;
 use crate::store::{StoreError, StoreErrorKind};
 
 /// Creates the table if it does not exist and checks its key schema, failing
-/// early and clearly when it is keyed differently. For local runs and tests;
-/// deployed functions rely on the SAM template.
+/// early and clearly when it is keyed differently, then turns on its TTL as
+/// template.yaml declares it. For local runs and tests; deployed functions
+/// rely on the SAM template.
 pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError> {
     create_table(client, table).await?;
-    until_active(client, table).await
+    until_active(client, table).await?;
+    enable_ttl(client, table).await
+}
+
+/// Turns on the TTL of ticket items (`xp`) unless it is on already: a second
+/// `UpdateTimeToLive` would be refused, so it is asked first.
+async fn enable_ttl(client: &Client, table: &str) -> Result<(), StoreError> {
+    let described = client
+        .describe_time_to_live()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(store_error)?;
+    let current = described.time_to_live_description();
+    let status = current.and_then(|d| d.time_to_live_status());
+    if matches!(
+        status,
+        Some(TimeToLiveStatus::Enabled | TimeToLiveStatus::Enabling)
+    ) {
+        let attribute = current.and_then(|d| d.attribute_name()).unwrap_or_default();
+        if attribute != EXPIRES_AT {
+            return Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                format!("table {table} has its TTL on `{attribute}`, not `{EXPIRES_AT}`"),
+            ));
+        }
+        return Ok(());
+    }
+    let specification = TimeToLiveSpecification::builder()
+        .attribute_name(EXPIRES_AT)
+        .enabled(true)
+        .build()
+        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))?;
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(specification)
+        .send()
+        .await
+        .map_err(store_error)?;
+    Ok(())
+}
+
+/// The table's TTL attribute, when its TTL is on (tests).
+pub async fn ttl_attribute(client: &Client, table: &str) -> Result<Option<String>, StoreError> {
+    let described = client
+        .describe_time_to_live()
+        .table_name(table)
+        .send()
+        .await
+        .map_err(store_error)?;
+    Ok(described
+        .time_to_live_description()
+        .filter(|d| d.time_to_live_status() == Some(&TimeToLiveStatus::Enabled))
+        .and_then(|d| d.attribute_name())
+        .map(str::to_string))
 }
 
 /// Creates the table with its index and stream; one that exists already is

@@ -47,7 +47,7 @@ mod tickets;
 mod wake;
 
 pub(crate) use admin::warm_up;
-pub use admin::{ensure_table, stream_arn};
+pub use admin::{ensure_table, stream_arn, ttl_attribute};
 pub use codec::pool_key;
 pub use schema::{dispatches, ACTIVE, BY_TICKET, NUMBER, PK, POOL_ITEM, SK, TICKET_ITEM};
 #[cfg(any(test, feature = "measure"))]

@@ -22,7 +22,7 @@
 //! | `a`  | N | async mode: the first ticket number not yet admitted to `q` (`a = n`: no backlog) |
 //! | `y`  | M | async mode: async tickets in `q`, or granted and not yet delivered: digest → ticket number |
 //! | `z`  | N | async mode: `1` while the pool has async work (the stream's filter); removed once settled |
-//! | `wk` | N | async mode, AWS only: the dispatcher's pending wake of the pool (Unix ms), so that one is pending at a time (functions/dispatcher) |
+//! | `wk` | N | async mode, AWS only: the dispatcher's pending wake of the pool (Unix ms): invocations that want it or a later one send none (`delivery/handler.rs`) |
 //!
 //! Ticket items (async mode), one per ticket (see `tickets.rs`):
 //!
@@ -75,8 +75,8 @@ pub mod pool_item {
     pub const LISTED: &str = "y";
     /// The async-work flag (see [`dispatches`](super::dispatches)).
     pub const ACTIVE: &str = "z";
-    /// The pool item's attribute holding the wake armed for it (Unix ms): one
-    /// pending wake per pool, whichever invocations want one.
+    /// The pool item's attribute holding the wake armed for it (Unix ms): the
+    /// one recorded pending wake per pool, whichever invocations want one.
     pub const PENDING_WAKE: &str = "wk";
 }
 

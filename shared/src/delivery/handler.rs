@@ -1,0 +1,464 @@
+//! The dispatcher as a Lambda function: each batch (the table's stream, or
+//! the wake queue) handled pool by pool — step, arm the next wake, deliver
+//! — and answered with the records that failed, so that one pool's failure
+//! never makes the others' records run again.
+//!
+//! The pending wake (`WakeStore`) is what keeps wakes few: an invocation
+//! sends one only when its conditional write of the pool's wake lands.
+//! Several may still be queued for one pool: an earlier wake replaces a
+//! later pending one (whose message stays queued), a wake due but not yet
+//! received counts as past, and SQS delivers at least once. A stray costs
+//! one step and arms nothing unless the pool needs it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lambda_http::lambda_runtime::LambdaEvent;
+use serde_json::Value;
+use tokio::task::JoinSet;
+
+use super::events::{Batch, BatchResponse, Item, Source};
+use super::wake::{delay, SqsWakes, Wake, WakeSender, MAX_DELAY};
+use super::{Caller, Dispatcher, DELIVERY_BOUND};
+use crate::clock::{deadline_instant, now_ms};
+use crate::config;
+use crate::keys::PoolKey;
+use crate::metrics::{LogFormat, PoolKeyPrefix};
+use crate::store::WakeStore;
+
+/// Time a round keeps for its deliveries (the bound) and their records.
+const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
+
+/// Rounds per pool and invocation (each delivers what the last step granted).
+const ROUNDS: usize = 16;
+
+/// The dispatcher function's state, built once at init.
+pub struct Handler {
+    dispatcher: Arc<Dispatcher>,
+    wakes: Arc<dyn WakeStore>,
+    sender: Arc<dyn WakeSender>,
+    max_delay: Duration,
+}
+
+/// The records of one pool in a batch.
+#[derive(Default)]
+struct PoolRecords {
+    ids: Vec<String>,
+    /// The times of the wakes among them (wake queue batches).
+    wakes: Vec<u64>,
+}
+
+type Failure = Box<dyn std::error::Error + Send + Sync>;
+
+impl Handler {
+    pub fn new(
+        dispatcher: Arc<Dispatcher>,
+        wakes: Arc<dyn WakeStore>,
+        sender: Arc<dyn WakeSender>,
+    ) -> Self {
+        Handler {
+            dispatcher,
+            wakes,
+            sender,
+            max_delay: MAX_DELAY,
+        }
+    }
+
+    /// The longest delay a wake is sent with (SQS's 15 minutes; tests lower it).
+    pub fn with_max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
+    /// The function's state from its environment: the service and table of
+    /// [`config::service_and_store_from_lookup`], callbacks as it allows
+    /// them, the wake queue `WAKE_QUEUE_URL`.
+    pub async fn from_env() -> Result<Handler, String> {
+        let (config, queue_url) =
+            config::dispatcher_settings_from_lookup(|name| std::env::var(name).ok())?;
+        let (service, store) = config::service_and_store(config).await;
+        let caller = Caller::new(service.callback_policy(), Duration::from_secs(5))
+            .map_err(|e| format!("the callbacks' HTTP client: {e}"))?;
+        let dispatcher = Dispatcher::new(Arc::new(service), caller).with_log(LogFormat::Json);
+        let sqs = aws_sdk_sqs::Client::new(&aws_config::load_from_env().await);
+        Ok(Handler::new(
+            Arc::new(dispatcher),
+            store,
+            Arc::new(SqsWakes::new(sqs, queue_url)),
+        ))
+    }
+
+    /// One invocation: its batch handled by its deadline (through the same
+    /// guard as the HTTP routes'). An error only for a payload that is no
+    /// batch.
+    pub async fn handle(&self, event: LambdaEvent<Value>) -> Result<BatchResponse, Failure> {
+        let deadline = deadline_instant(event.context.deadline);
+        self.handle_batch(event.payload, deadline).await
+    }
+
+    /// [`Handler::handle`] with the deadline given.
+    pub async fn handle_batch(
+        &self,
+        payload: Value,
+        deadline: Option<Instant>,
+    ) -> Result<BatchResponse, Failure> {
+        let batch = Batch::from_payload(payload)?;
+        let mut response = BatchResponse::default();
+        let mut pools: BTreeMap<PoolKey, PoolRecords> = BTreeMap::new();
+        for item in batch.items {
+            match item {
+                Item::Pool { id, key, wake_at } => {
+                    let records = pools.entry(key).or_default();
+                    records.ids.push(id);
+                    records.wakes.extend(wake_at);
+                }
+                Item::Unreadable { id, why } => {
+                    let source = match batch.source {
+                        Source::Stream => "stream",
+                        Source::Queue => "wake queue",
+                    };
+                    tracing::error!(source, item = id.as_deref().unwrap_or("-"), reason = %why,
+                        "a record that names no pool: reported as failed");
+                    // Without an id (Lambda always sends one) it cannot be
+                    // reported alone; failing the batch would retry the rest.
+                    if let Some(id) = id {
+                        response.failed(&id);
+                    }
+                }
+            }
+        }
+        for (key, records) in pools {
+            if let Err(err) = self.run_pool(key, records.wakes, deadline).await {
+                tracing::warn!(pool = %PoolKeyPrefix::of(&key), error = %err,
+                    records = records.ids.len(), "a pool's records failed: reported as failed");
+                for id in &records.ids {
+                    response.failed(id);
+                }
+            }
+        }
+        Ok(response)
+    }
+
+    /// Steps the pool, arming its next wake at once (before any delivery,
+    /// which may outlast this invocation) and making its deliveries side by
+    /// side, round after round while they leave work and time. `handled`:
+    /// the wakes of it being handled (they may arrive early, and are no
+    /// longer pending).
+    async fn run_pool(
+        &self,
+        key: PoolKey,
+        mut handled: Vec<u64>,
+        deadline: Option<Instant>,
+    ) -> Result<(), Failure> {
+        let mut armed_any = false;
+        for _ in 0..ROUNDS {
+            let stepped = self
+                .dispatcher
+                .step(key)
+                .await
+                .map_err(|e| format!("{e:?}"))?;
+            if let Some(at) = stepped.wake_ms {
+                self.arm(key, at, &mut handled).await?;
+                armed_any = true;
+            }
+            if stepped.deliver.is_empty() {
+                break;
+            }
+            if deadline.is_some_and(|d| Instant::now() + ROUND > d) {
+                // No time to deliver and record: the next invocation will.
+                self.dispatcher.abandon(key, &stepped.deliver);
+                self.arm(key, now_ms(), &mut handled).await?;
+                return Ok(());
+            }
+            let mut deliveries = JoinSet::new();
+            for delivery in stepped.deliver {
+                let dispatcher = self.dispatcher.clone();
+                deliveries.spawn(async move { dispatcher.deliver(key, delivery).await });
+            }
+            while deliveries.join_next().await.is_some() {}
+        }
+        // A wake handled before its time that armed no other would hold off
+        // a later one until its time: clear it.
+        let now = now_ms();
+        if !armed_any && handled.iter().any(|&at| at > now) {
+            self.wakes.disarm_wake(&key, &handled).await?;
+        }
+        Ok(())
+    }
+
+    /// Arms a wake of the pool at `at_ms` unless another is pending (a
+    /// conditional write of the pool's wake, so that invocations never
+    /// start a second chain of wakes), then sends it delayed until then (at
+    /// most `max_delay`: a later wake arrives early and re-arms the rest).
+    async fn arm(&self, key: PoolKey, at_ms: u64, handled: &mut Vec<u64>) -> Result<(), Failure> {
+        let now = now_ms();
+        if !self.wakes.arm_wake(&key, at_ms, now, handled).await? {
+            // Another wake is pending, or the pool is gone.
+            return Ok(());
+        }
+        // The wakes handled are pending no longer: this one replaced them.
+        handled.clear();
+        let wake = Wake {
+            key,
+            at_ms: Some(at_ms),
+        };
+        if let Err(err) = self
+            .sender
+            .send(&wake, delay(at_ms, now, self.max_delay))
+            .await
+        {
+            // Not sent: clear it, so that the record's retry arms it again.
+            let _ = self.wakes.disarm_wake(&key, &[at_ms]).await;
+            return Err(format!("the wake was not sent: {err}").into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use async_trait::async_trait;
+    use base64::engine::general_purpose::STANDARD;
+    use base64::Engine;
+    use serde_json::json;
+
+    use super::*;
+    use crate::callback::CallbackPolicy;
+    use crate::domain::Callback;
+    use crate::keys::{LeaseId, PoolId};
+    use crate::service::{BorrowRequest, Budget, EnqueueRequest};
+    use crate::store::MemoryStore;
+    use crate::{Limits, Service};
+
+    /// The wake queue, recorded; `fail_for` refuses that pool's wakes.
+    #[derive(Default)]
+    struct Sent {
+        wakes: Mutex<Vec<(Wake, Duration)>>,
+        fail_for: Mutex<Option<PoolKey>>,
+    }
+
+    #[async_trait]
+    impl WakeSender for Sent {
+        async fn send(&self, wake: &Wake, delay: Duration) -> Result<(), String> {
+            if Some(wake.key) == *self.fail_for.lock().unwrap() {
+                return Err("the queue is down".into());
+            }
+            self.wakes.lock().unwrap().push((wake.clone(), delay));
+            Ok(())
+        }
+    }
+
+    impl Sent {
+        fn taken(&self) -> Vec<(Wake, Duration)> {
+            std::mem::take(&mut self.wakes.lock().unwrap())
+        }
+    }
+
+    struct Fixture {
+        store: Arc<MemoryStore>,
+        service: Arc<Service>,
+        sent: Arc<Sent>,
+        handler: Handler,
+    }
+
+    fn fixture() -> Fixture {
+        let store = Arc::new(MemoryStore::new());
+        let policy = CallbackPolicy { allow_local: true };
+        let service = Arc::new(
+            Service::new(store.clone(), Limits::default())
+                .with_tickets(store.clone())
+                .with_callback_policy(policy),
+        );
+        let caller = Caller::new(policy, Duration::from_secs(1)).unwrap();
+        let dispatcher = Arc::new(Dispatcher::new(service.clone(), caller));
+        let sent = Arc::new(Sent::default());
+        let handler = Handler::new(dispatcher, store.clone(), sent.clone());
+        Fixture {
+            store,
+            service,
+            sent,
+            handler,
+        }
+    }
+
+    /// A pool of one slot held for 16 minutes and an async ticket waiting a
+    /// day: its key and the wake its step wants (the lease's expiry, past
+    /// SQS's 15 minutes).
+    async fn held_pool_with_a_ticket(f: &Fixture) -> (PoolKey, u64) {
+        let id = PoolId(uuid::Uuid::new_v4());
+        let budget = &mut Budget::new(None);
+        f.service.register(id, 1, budget).await.unwrap();
+        let borrow = BorrowRequest {
+            ttl_ms: 960_000,
+            wait_ms: 0,
+            lease: LeaseId::new_random(),
+        };
+        let held = f.service.borrow(id, borrow, budget).await.unwrap();
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(86_400_000),
+            lease: LeaseId::new_random(),
+            callback: Callback {
+                url: "http://127.0.0.1:9/hook".into(),
+                token: "t".into(),
+            },
+        };
+        f.service.enqueue(id, enqueue, budget).await.unwrap();
+        let step = f.service.dispatch_step(&id.key(), &[], budget).await;
+        assert_eq!(step.unwrap().wake_ms, Some(held.expires_at_ms));
+        (id.key(), held.expires_at_ms)
+    }
+
+    fn wakes(messages: &[(&str, Wake)]) -> Value {
+        let records: Vec<Value> = messages
+            .iter()
+            .map(|(id, wake)| {
+                json!({"messageId": id, "receiptHandle": "r", "body": wake.to_body(),
+                    "attributes": {}, "messageAttributes": {}, "eventSource": "aws:sqs",
+                    "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:wake",
+                    "awsRegion": "us-east-1"})
+            })
+            .collect();
+        json!({ "Records": records })
+    }
+
+    fn wake(key: PoolKey, at_ms: u64) -> Wake {
+        Wake {
+            key,
+            at_ms: Some(at_ms),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_wake_arriving_before_its_time_arms_the_rest() {
+        let f = fixture();
+        let (key, at) = held_pool_with_a_ticket(&f).await;
+        // As the first arm left it: `wk` = at, its message capped at 900 s.
+        assert!(f.store.arm_wake(&key, at, now_ms(), &[]).await.unwrap());
+        let response = f
+            .handler
+            .handle_batch(wakes(&[("m1", wake(key, at))]), None)
+            .await
+            .unwrap();
+        assert_eq!(response, BatchResponse::default());
+        assert_eq!(f.sent.taken(), [(wake(key, at), MAX_DELAY)], "re-armed");
+        assert_eq!(f.store.pending_wake(&key), Some(at));
+    }
+
+    #[tokio::test]
+    async fn a_lowered_cap_sends_wakes_sooner() {
+        let f = fixture();
+        let (key, at) = held_pool_with_a_ticket(&f).await;
+        let handler = f.handler.with_max_delay(Duration::from_secs(60));
+        let stream = json!({"Records": [{"eventID": "1", "eventName": "MODIFY",
+            "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
+            "dynamodb": {"Keys": {"pk": {"B": STANDARD.encode(key.0)}, "sk": {"B": "AA=="}},
+                "SequenceNumber": "1", "SizeBytes": 30}}]});
+        let response = handler.handle_batch(stream, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        assert_eq!(f.sent.taken(), [(wake(key, at), Duration::from_secs(60))]);
+    }
+
+    #[tokio::test]
+    async fn a_stray_wake_arms_nothing_while_another_is_pending() {
+        let f = fixture();
+        let (key, at) = held_pool_with_a_ticket(&f).await;
+        assert!(f.store.arm_wake(&key, at, now_ms(), &[]).await.unwrap());
+        // A later wake the pending one replaced, arriving early.
+        let stray = wake(key, at + 60_000);
+        let response = f
+            .handler
+            .handle_batch(wakes(&[("m1", stray)]), None)
+            .await
+            .unwrap();
+        assert_eq!(response, BatchResponse::default());
+        assert_eq!(f.sent.taken(), []);
+        assert_eq!(f.store.pending_wake(&key), Some(at));
+    }
+
+    #[tokio::test]
+    async fn an_early_wake_that_arms_none_is_cleared() {
+        let f = fixture();
+        let id = PoolId(uuid::Uuid::new_v4());
+        f.service
+            .register(id, 1, &mut Budget::new(None))
+            .await
+            .unwrap();
+        let at = now_ms() + 1_200_000;
+        assert!(f
+            .store
+            .arm_wake(&id.key(), at, now_ms(), &[])
+            .await
+            .unwrap());
+        // The pool has no async work left: nothing to wake it for.
+        let batch = wakes(&[("m1", wake(id.key(), at))]);
+        let response = f.handler.handle_batch(batch, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        assert_eq!(f.sent.taken(), []);
+        assert_eq!(
+            f.store.pending_wake(&id.key()),
+            None,
+            "it would hold off later wakes"
+        );
+    }
+
+    #[tokio::test]
+    async fn one_pools_failure_fails_its_records_alone() {
+        let f = fixture();
+        let (failing, _) = held_pool_with_a_ticket(&f).await;
+        *f.sent.fail_for.lock().unwrap() = Some(failing);
+        let (fine, at) = held_pool_with_a_ticket(&f).await;
+        let stream = |seq: &str, key: &PoolKey| {
+            json!({"eventID": seq, "eventName": "MODIFY", "eventSource": "aws:dynamodb",
+                "eventVersion": "1.1", "awsRegion": "us-east-1",
+                "dynamodb": {"Keys": {"pk": {"B": STANDARD.encode(key.0)}, "sk": {"B": "AA=="}},
+                    "SequenceNumber": seq, "SizeBytes": 30, "StreamViewType": "NEW_IMAGE"}})
+        };
+        let mut poison = stream("4", &fine);
+        poison["dynamodb"]["Keys"]["pk"]["B"] = json!("AQID");
+        let batch = json!({"Records": [
+            stream("1", &failing), stream("2", &fine), stream("3", &failing), poison,
+        ]});
+        let response = f.handler.handle_batch(batch, None).await.unwrap();
+        assert_eq!(response.ids(), ["4", "1", "3"]);
+        assert_eq!(f.sent.taken(), [(wake(fine, at), MAX_DELAY)]);
+        // The unsent wake is not left pending: the retry arms it again.
+        assert_eq!(f.store.pending_wake(&failing), None);
+        assert_eq!(f.store.pending_wake(&fine), Some(at));
+    }
+
+    #[tokio::test]
+    async fn out_of_time_it_delivers_nothing_and_wakes_at_once() {
+        let f = fixture();
+        let id = PoolId(uuid::Uuid::new_v4());
+        let budget = &mut Budget::new(None);
+        f.service.register(id, 1, budget).await.unwrap();
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(60_000),
+            lease: LeaseId::new_random(),
+            callback: Callback {
+                url: "http://127.0.0.1:9/hook".into(),
+                token: "t".into(),
+            },
+        };
+        f.service.enqueue(id, enqueue, budget).await.unwrap();
+        let soon = Some(Instant::now() + Duration::from_secs(5));
+        let before = now_ms();
+        let batch = wakes(&[("m1", wake(id.key(), before))]);
+        let response = f.handler.handle_batch(batch, soon).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        // The grant's lease expiry first, then a wake at once that replaces
+        // it (the first one's message is left queued: a stray).
+        let sent = f.sent.taken();
+        assert_eq!(sent.len(), 2, "{sent:?}");
+        let (again, delay) = &sent[1];
+        let at = again.at_ms.expect("a time");
+        assert!(at >= before && at <= now_ms());
+        assert_eq!(*delay, Duration::ZERO);
+        assert_eq!(f.store.pending_wake(&id.key()), Some(at));
+    }
+}
