@@ -8,9 +8,11 @@ use aws_sdk_dynamodb::operation::describe_table::DescribeTableOutput;
 use aws_sdk_dynamodb::types::{
     AttributeDefinition, BillingMode, KeySchemaElement, KeyType, LocalSecondaryIndex, Projection,
     ProjectionType, ScalarAttributeType, StreamSpecification, StreamViewType, TableStatus,
+    TimeToLiveSpecification,
 };
 use aws_sdk_dynamodb::Client;
 
+use super::schema::ticket_item::EXPIRES_AT;
 use super::schema::{BY_TICKET, NUMBER, PK, SK, WARM_UP_KEY};
 use super::store_error;
 use crate::store::{StoreError, StoreErrorKind};
@@ -19,13 +21,17 @@ use crate::store::{StoreError, StoreErrorKind};
 /// early and clearly when it is keyed differently. For local runs and tests;
 /// deployed functions rely on the SAM template.
 pub async fn ensure_table(client: &Client, table: &str) -> Result<(), StoreError> {
-    create_table(client, table).await?;
-    until_active(client, table).await
+    let created = create_table(client, table).await?;
+    until_active(client, table).await?;
+    if created {
+        enable_ttl(client, table).await?;
+    }
+    Ok(())
 }
 
-/// Creates the table with its index and stream; one that exists already is
-/// left as it is (for [`until_active`] to check).
-async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
+/// Creates the table with its index and stream (true); one that exists
+/// already is left as it is (false; for [`until_active`] to check).
+async fn create_table(client: &Client, table: &str) -> Result<bool, StoreError> {
     let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
         StoreError::new(StoreErrorKind::Unavailable, e.to_string())
     };
@@ -84,7 +90,31 @@ async fn create_table(client: &Client, table: &str) -> Result<(), StoreError> {
         ) {
             return Err(store_error(err));
         }
+        return Ok(false);
     }
+    Ok(true)
+}
+
+/// Turns on the TTL that template.yaml declares (ticket items' `xp`: garbage
+/// collection of ended tickets), so that a table made here has the
+/// template's schema (tests/aws_local/test_schema.py compares the two).
+async fn enable_ttl(client: &Client, table: &str) -> Result<(), StoreError> {
+    let invalid = |e: aws_sdk_dynamodb::error::BuildError| {
+        StoreError::new(StoreErrorKind::Unavailable, e.to_string())
+    };
+    client
+        .update_time_to_live()
+        .table_name(table)
+        .time_to_live_specification(
+            TimeToLiveSpecification::builder()
+                .attribute_name(EXPIRES_AT)
+                .enabled(true)
+                .build()
+                .map_err(invalid)?,
+        )
+        .send()
+        .await
+        .map_err(store_error)?;
     Ok(())
 }
 
