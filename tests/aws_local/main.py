@@ -290,6 +290,7 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
     dynamodb_task = asyncio.create_task(start_dynamodb(cleanups))
     moto_task = asyncio.create_task(start_moto(cleanups, run_dir / "logs" / "moto.log"))
     tpl = await tpl_task
+    log.info("template read in %.1f s", time.monotonic() - started)
     binaries_wanted = {tpl.original["Resources"][rid]["Metadata"]["BuildProperties"]["Binary"]
                        for rid in tpl.of_type("AWS::Lambda::Function")}
     if args.bin_dir:
@@ -301,6 +302,7 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
             raise RuntimeError(f"no executable {name} at {path}")
     built_at = time.monotonic()
     dynamodb, sqs = await dynamodb_task, await moto_task
+    log.info("DynamoDB Local and moto up %.1f s after the start", time.monotonic() - started)
 
     suffix = "".join(secrets.choice(string.ascii_uppercase + string.digits) for _ in range(12))
     physical = template.Physical(stack_name=args.stack_name)

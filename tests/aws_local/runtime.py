@@ -83,6 +83,9 @@ class _Sandbox:
         self.process: asyncio.subprocess.Process | None = None
         self._runner: web.AppRunner | None = None
         self._watcher: asyncio.Task[None] | None = None
+        # Set when the sandbox stops: a pending /next answers, so that no handler is
+        # left for the listener's shutdown to cancel.
+        self._closed = asyncio.Event()
         self.dead = False
 
     # ---- lifecycle --------------------------------------------------------------------------
@@ -125,10 +128,12 @@ class _Sandbox:
         """Ends the process (SIGTERM, then SIGKILL) and the listener."""
         self.dead = True
         self.pool.forget(self)
+        self._closed.set()
         if self.process is not None:
             await procs.stop(self.process, grace_s=0.5)
         if self._runner is not None:
             runner, self._runner = self._runner, None
+            await runner.shutdown()
             await runner.cleanup()
 
     # ---- one invocation ---------------------------------------------------------------------
@@ -171,7 +176,14 @@ class _Sandbox:
 
     # ---- the Runtime API --------------------------------------------------------------------
     async def _next(self, request: web.Request) -> web.Response:
-        invocation = await self._slot.get()
+        getting = asyncio.ensure_future(self._slot.get())
+        closing = asyncio.ensure_future(self._closed.wait())
+        await asyncio.wait({getting, closing}, return_when=asyncio.FIRST_COMPLETED)
+        closing.cancel()
+        if not getting.done():
+            getting.cancel()
+            return _api_error(410, "SandboxStopped", "this sandbox is stopping")
+        invocation = getting.result()
         invocation.deadline_ms = int(time.time() * 1000) + self.function.timeout_s * 1000
         if not invocation.handed.done():
             invocation.handed.set_result(None)
