@@ -1,17 +1,17 @@
 """The admin endpoint: what the stack did and what the tests arm, on its own loopback port.
 
-    GET  /calls[?function=ID]   every DynamoDB and SQS call per function, allowed or denied
-    GET  /denials               the denied ones only (a run should end with none)
-    GET  /faults                the faults still armed
-    POST /faults                arm one: {"function", "action", "kind", "count"[, "hold_s"]}
-    DELETE /faults              disarm all
-    GET  /stats                 invocations and cold starts per function, the front door's
-                                answers per route, the event sources' counters, the queues'
-                                depths (dead-lettered: the dead-letter queue's)
-    POST /invoke/{LogicalId}    invoke a function with the body as its event; answers the
-                                function's response, or its error with X-Amz-Function-Error
-                                (as Lambda's Invoke API does)
-    GET  /stack                 the endpoints, table, queues, routes and run directory
+GET  /calls[?function=ID]   every DynamoDB and SQS call per function, allowed or denied
+GET  /denials               the denied ones only (a run should end with none)
+GET  /faults                the faults still armed
+POST /faults                arm one: {"function", "action", "kind", "count"[, "hold_s"]}
+DELETE /faults              disarm all
+GET  /stats                 invocations and cold starts per function, the front door's
+                            answers per route, the event sources' counters, the queues'
+                            depths (dead-lettered: the dead-letter queue's)
+POST /invoke/{LogicalId}    invoke a function with the body as its event; answers the
+                            function's response, or its error with X-Amz-Function-Error
+                            (as Lambda's Invoke API does)
+GET  /stack                 the endpoints, table, queues, routes and run directory
 """
 
 from __future__ import annotations
@@ -105,8 +105,11 @@ class Admin:
 
     async def stats(self, request: web.Request) -> web.Response:
         sources = [
-            {"kind": type(s).__name__, "function": getattr(getattr(s, "mapping", None), "function", None),
-             **counters_of(s)}
+            {
+                "kind": type(s).__name__,
+                "function": getattr(getattr(s, "mapping", None), "function", None),
+                **counters_of(s),
+            }
             for s in self.sources
         ]
         return web.json_response(

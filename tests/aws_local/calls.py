@@ -59,7 +59,7 @@ def _table_name(value: str) -> str:
 def _scalar(attribute: Any) -> str | None:
     """The value of a DynamoDB attribute value as sent: {"B": "d2Fy..."} → "d2Fy..."."""
     if isinstance(attribute, dict) and len(attribute) == 1:
-        (kind, value), = attribute.items()
+        ((kind, value),) = attribute.items()
         if kind in ("S", "N", "B"):
             return str(value)
     return None
@@ -113,17 +113,15 @@ def dynamodb_checks(operation: str, body: JsonObject, keys: KeyNames) -> list[Ch
         for raw, request in body.get("RequestItems", {}).items():
             table = _table_name(raw)
             hash_key = keys.hash_key(table)
-            leading: list[str] = []
+            keys_sent: list[str] = []
             if operation == "BatchGetItem":
                 for key in request.get("Keys", []):
-                    leading += _key_of(key, hash_key)
+                    keys_sent += _key_of(key, hash_key)
             else:
                 for write in request:
-                    one = write.get("PutRequest", {}).get("Item") or write.get(
-                        "DeleteRequest", {}
-                    ).get("Key")
-                    leading += _key_of(one, hash_key)
-            checks.append(check(action, table, None, leading))
+                    one = write.get("PutRequest", {}).get("Item") or write.get("DeleteRequest", {}).get("Key")
+                    keys_sent += _key_of(one, hash_key)
+            checks.append(check(action, table, None, keys_sent))
         return checks
     if operation in ("TransactWriteItems", "TransactGetItems"):
         checks = []
@@ -132,9 +130,7 @@ def dynamodb_checks(operation: str, body: JsonObject, keys: KeyNames) -> list[Ch
                 act = "GetItem" if kind == "Get" else _TRANSACT_WRITE.get(kind, kind)
                 table = _table_name(str(part.get("TableName", "")))
                 item = part.get("Item") if kind == "Put" else part.get("Key")
-                checks.append(
-                    check(f"dynamodb:{act}", table, None, _key_of(item, keys.hash_key(table)))
-                )
+                checks.append(check(f"dynamodb:{act}", table, None, _key_of(item, keys.hash_key(table))))
         return checks
     if "TableName" in body:
         return [check(action, _table_name(str(body["TableName"])), None, None)]

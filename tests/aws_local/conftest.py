@@ -31,8 +31,9 @@ class Answer:
     body: Any
 
 
-def request(url: str, method: str = "GET", body: Any = None, raw: bytes | None = None,
-            timeout: float = 40.0) -> Answer:
+def request(
+    url: str, method: str = "GET", body: Any = None, raw: bytes | None = None, timeout: float = 40.0
+) -> Answer:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
@@ -76,8 +77,14 @@ def _free_port() -> int:
 def stack() -> Iterator[Stack]:
     front, admin = _free_port(), _free_port()
     process = subprocess.Popen(
-        [str(ROOT / "tests" / "aws-local"), "--port", str(front), "--admin-port", str(admin),
-         "--allow-local-callbacks"],
+        [
+            str(ROOT / "tests" / "aws-local"),
+            "--port",
+            str(front),
+            "--admin-port",
+            str(admin),
+            "--allow-local-callbacks",
+        ],
         stdout=subprocess.PIPE,
         text=True,
         start_new_session=True,

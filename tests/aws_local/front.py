@@ -65,7 +65,7 @@ def match(routes: list[Route], method: str, raw_path: str) -> Match | None:
             continue
         parameters: dict[str, str] = {}
         literals = 0
-        for want, got in zip(pattern, segments):
+        for want, got in zip(pattern, segments, strict=True):
             if want.startswith("{") and want.endswith("}"):
                 if not got:
                     break
@@ -188,9 +188,7 @@ async def _drain(request: web.Request, limit: int = 8 * MAX_BODY_BYTES) -> None:
 
 
 def _message(status: int, message: str) -> web.Response:
-    return web.Response(
-        status=status, body=json.dumps({"message": message}), content_type="application/json"
-    )
+    return web.Response(status=status, body=json.dumps({"message": message}), content_type="application/json")
 
 
 class FrontDoor:
@@ -250,7 +248,7 @@ class FrontDoor:
         call.add_done_callback(lambda t: t.cancelled() or t.exception())
         try:
             raw = await asyncio.wait_for(asyncio.shield(call), INTEGRATION_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             # API Gateway answers; the invocation runs on to its own deadline.
             return _message(503, "Service Unavailable")
         except FunctionError as err:

@@ -83,9 +83,7 @@ class Proxy:
         self.urls: dict[str, str] = {}
 
     async def start(self, functions: list[Function]) -> None:
-        self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=60), auto_decompress=False
-        )
+        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), auto_decompress=False)
         for function in functions:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handler(function))
@@ -161,13 +159,11 @@ class Proxy:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
         url = self._upstream[service] + request.rel_url.raw_path_qs
         try:
-            async with self._session.request(
-                request.method, url, data=body, headers=headers
-            ) as upstream:
+            async with self._session.request(request.method, url, data=body, headers=headers) as upstream:
                 payload = await upstream.read()
                 out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
                 return web.Response(status=upstream.status, body=payload, headers=out)
-        except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+        except (TimeoutError, aiohttp.ClientError) as err:
             log.warning("upstream %s failed: %s", service, err)
             return _failure(service)
 
@@ -200,7 +196,9 @@ def _denied(service: str, function: Function, action: str, resources: list[str])
 def _failure(service: str) -> web.Response:
     if service == "sqs":
         return _json_error(
-            500, "com.amazon.coral.service#InternalFailure", "aws-local: injected fault",
+            500,
+            "com.amazon.coral.service#InternalFailure",
+            "aws-local: injected fault",
             query_error="InternalFailure;Receiver",
         )
     return _json_error(

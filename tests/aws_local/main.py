@@ -52,13 +52,17 @@ Cleanup = Callable[[], Awaitable[None]]
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="tests/aws-local", description=__doc__.split("\n\n")[0])
     parser.add_argument("--port", type=int, required=True, help="the front door's port (0: a free one)")
-    parser.add_argument("--admin-port", type=int, default=0, help="the admin endpoint's port (default: a free one)")
+    parser.add_argument(
+        "--admin-port", type=int, default=0, help="the admin endpoint's port (default: a free one)"
+    )
     parser.add_argument(
         "--allow-local-callbacks",
         action="store_true",
         help="set ALLOW_LOCAL_CALLBACKS=true in every function (http and loopback callbacks)",
     )
-    parser.add_argument("--bin-dir", type=Path, help="take the function binaries from DIR instead of building them")
+    parser.add_argument(
+        "--bin-dir", type=Path, help="take the function binaries from DIR instead of building them"
+    )
     parser.add_argument("--template", type=Path, default=ROOT / "template.yaml")
     parser.add_argument("--run-dir", type=Path, help="logs and state (default: target/aws-local/run-PORT)")
     parser.add_argument("--stack-name", default="aws-local")
@@ -225,7 +229,9 @@ def key_names(described: dict[str, JsonObject]) -> calls.KeyNames:
     return calls.KeyNames(tables, indexes)
 
 
-def queue_depths(session: aiohttp.ClientSession, sqs: str, urls: dict[str, str]) -> Callable[[], Awaitable[JsonObject]]:
+def queue_depths(
+    session: aiohttp.ClientSession, sqs: str, urls: dict[str, str]
+) -> Callable[[], Awaitable[JsonObject]]:
     async def depths() -> JsonObject:
         found: JsonObject = {}
         for rid, url in urls.items():
@@ -286,13 +292,17 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
     cleanups.append(session.close)
 
     # Side by side: the build, DynamoDB Local, moto and the template (its transform is CPU).
-    tpl_task = asyncio.create_task(asyncio.to_thread(template.load, args.template, target_dir() / "aws-local"))
+    tpl_task = asyncio.create_task(
+        asyncio.to_thread(template.load, args.template, target_dir() / "aws-local")
+    )
     dynamodb_task = asyncio.create_task(start_dynamodb(cleanups))
     moto_task = asyncio.create_task(start_moto(cleanups, run_dir / "logs" / "moto.log"))
     tpl = await tpl_task
     log.info("template read in %.1f s", time.monotonic() - started)
-    binaries_wanted = {tpl.original["Resources"][rid]["Metadata"]["BuildProperties"]["Binary"]
-                       for rid in tpl.of_type("AWS::Lambda::Function")}
+    binaries_wanted = {
+        tpl.original["Resources"][rid]["Metadata"]["BuildProperties"]["Binary"]
+        for rid in tpl.of_type("AWS::Lambda::Function")
+    }
     if args.bin_dir:
         binaries = {name: (args.bin_dir / name).resolve() for name in binaries_wanted}
     else:
@@ -329,7 +339,9 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
         f.logical_id: FunctionPool(
             f,
             binary=binaries[f.binary],
-            env=environment(f, proxy_url=proxy.urls[f.logical_id], allow_local_callbacks=args.allow_local_callbacks),
+            env=environment(
+                f, proxy_url=proxy.urls[f.logical_id], allow_local_callbacks=args.allow_local_callbacks
+            ),
             log_file=run_dir / "logs" / f"{f.logical_id}.log",
             max_concurrency=args.max_concurrency,
         )
@@ -339,7 +351,9 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
     cleanups.append(runtime.stop)
 
     sources: list[Any] = [
-        StreamSource(m, endpoint=dynamodb, invoke=runtime.invoke, sqs_endpoint=sqs, delay_ms=args.stream_delay_ms)
+        StreamSource(
+            m, endpoint=dynamodb, invoke=runtime.invoke, sqs_endpoint=sqs, delay_ms=args.stream_delay_ms
+        )
         for m in tpl.stream_mappings(physical)
     ] + [QueueSource(m, endpoint=sqs, invoke=runtime.invoke) for m in tpl.queue_mappings(physical)]
     tasks = [asyncio.create_task(s.run()) for s in sources]
@@ -391,8 +405,9 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
     # Ready once the front door accepts a connection.
     _, writer = await asyncio.open_connection("127.0.0.1", front_port)
     writer.close()
+    now = time.monotonic()
     say(
-        f"up {time.monotonic() - built_at:.1f} s after the build ({time.monotonic() - started:.1f} s in all); "
+        f"up {now - built_at:.1f} s after the build ({now - started:.1f} s in all); "
         f"{len(functions)} functions, {len(routes)} routes, {len(sources)} event sources; "
         f"logs in {run_dir / 'logs'}"
     )

@@ -70,7 +70,7 @@ async def stop(process: asyncio.subprocess.Process, grace_s: float = 3.0) -> Non
         kill_group(process.pid, signal.SIGTERM)
         try:
             await asyncio.wait_for(process.wait(), grace_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
     # Whatever is left of the group (a child that ignored SIGTERM, or its own children).
     kill_group(process.pid, signal.SIGKILL)

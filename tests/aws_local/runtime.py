@@ -147,7 +147,7 @@ class _Sandbox:
             await self._slot.put(invocation)
             try:
                 await asyncio.wait_for(asyncio.shield(invocation.handed), INIT_TIMEOUT_S if cold else 5.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.pool.counters.crashes += 1
                 self._fail("init did not finish in time (no /next)", "Runtime.InitTimeout")
                 await self.kill()
@@ -155,7 +155,7 @@ class _Sandbox:
             left = max(0.0, invocation.deadline_ms / 1000 - time.time())
             try:
                 payload = await asyncio.wait_for(asyncio.shield(invocation.result), left)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 self.pool.counters.timeouts += 1
                 message = f"Task timed out after {timeout_s:.2f} seconds"
                 self._fail(message, "Sandbox.Timedout")
@@ -163,7 +163,10 @@ class _Sandbox:
                 await self.kill()
                 raise FunctionError(self.function.logical_id, message) from None
             if len(payload) > MAX_RESPONSE_BYTES:
-                raise FunctionError(self.function.logical_id, "Response payload size exceeded maximum allowed payload size (6291556 bytes).")
+                raise FunctionError(
+                    self.function.logical_id,
+                    "Response payload size exceeded maximum allowed payload size (6291556 bytes).",
+                )
             return payload
         finally:
             elapsed = (time.monotonic() - started) * 1000

@@ -48,9 +48,7 @@ async def create(
 ) -> JsonObject:
     """Creates the table, waits until it is active, turns on its TTL; returns DescribeTable's
     Table (with LatestStreamArn)."""
-    await awsjson.call(
-        session, endpoint, "dynamodb", "CreateTable", create_table_request(name, properties)
-    )
+    await awsjson.call(session, endpoint, "dynamodb", "CreateTable", create_table_request(name, properties))
     ttl = properties.get("TimeToLiveSpecification")
     if ttl:
         await awsjson.call(
@@ -67,9 +65,7 @@ async def create(
             },
         )
     for _ in range(200):
-        described = await awsjson.call(
-            session, endpoint, "dynamodb", "DescribeTable", {"TableName": name}
-        )
+        described = await awsjson.call(session, endpoint, "dynamodb", "DescribeTable", {"TableName": name})
         table: JsonObject = described["Table"]
         if table.get("TableStatus") == "ACTIVE":
             return table

@@ -95,7 +95,7 @@ class Template:
         if not isinstance(value, dict):
             return value
         if len(value) == 1:
-            (key, arg), = value.items()
+            ((key, arg),) = value.items()
             if key == "Ref":
                 return self._ref(arg, physical)
             if key == "Fn::GetAtt":
@@ -218,8 +218,7 @@ class Template:
                     starting_position=props.get("StartingPosition", "LATEST"),
                     maximum_retry_attempts=int(props.get("MaximumRetryAttempts", -1)),
                     bisect_on_error=bool(props.get("BisectBatchOnFunctionError", False)),
-                    report_item_failures="ReportBatchItemFailures"
-                    in props.get("FunctionResponseTypes", []),
+                    report_item_failures="ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
                     filters=_filters(props),
                     on_failure_queue_url=self._queue_url(failure, physical),
                 )
@@ -240,8 +239,7 @@ class Template:
                     queue_url=physical.refs[queue],
                     queue_arn=self.resolve(arn, physical),
                     batch_size=int(props.get("BatchSize", 10)),
-                    report_item_failures="ReportBatchItemFailures"
-                    in props.get("FunctionResponseTypes", []),
+                    report_item_failures="ReportBatchItemFailures" in props.get("FunctionResponseTypes", []),
                     filters=_filters(props),
                 )
             )
@@ -292,10 +290,10 @@ def load(path: Path, cache_dir: Path) -> Template:
 
 def _decode_and_transform(path: Path) -> tuple[JsonObject, JsonObject]:
     # Imported here: about 6 s, paid only when the cache misses.
-    import boto3
-    from cfnlint.decode import cfn_yaml  # type: ignore[attr-defined]
-    from samtranslator.parser.parser import Parser
-    from samtranslator.translator.translator import Translator
+    import boto3  # type: ignore[import-untyped]
+    from cfnlint.decode import cfn_yaml  # type: ignore[import-untyped]
+    from samtranslator.parser.parser import Parser  # type: ignore[import-untyped]
+    from samtranslator.translator.translator import Translator  # type: ignore[import-untyped]
 
     # Plain dicts (cfn-lint's nodes carry positions that json and deepcopy need not see).
     original: JsonObject = json.loads(json.dumps(cfn_yaml.load(str(path))))
@@ -308,6 +306,6 @@ def _decode_and_transform(path: Path) -> tuple[JsonObject, JsonObject]:
     transformed: JsonObject = translator.translate(
         sam,
         parameter_values={"AWS::Region": REGION, "AWS::AccountId": ACCOUNT},
-        get_managed_policy_map=lambda: {},
+        get_managed_policy_map=dict,
     )
     return original, transformed

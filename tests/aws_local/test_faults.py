@@ -21,13 +21,15 @@ def test_injected_errors_are_retried_then_answered_502(stack: Stack) -> None:
     path = f"/l/{uuid.uuid4()}"
     assert stack.api("PUT", path, {"count": 1}).status == 200
     # One 500: the SDK retries, the client sees nothing.
-    armed = stack.admin_post("/faults", {"function": "InspectFunction", "action": "dynamodb:GetItem",
-                                         "kind": "error", "count": 1})
+    armed = stack.admin_post(
+        "/faults", {"function": "InspectFunction", "action": "dynamodb:GetItem", "kind": "error", "count": 1}
+    )
     assert armed.status == 201
     assert stack.api("GET", path).status == 200
     # Every read fails (the SDK's retries, then the service's own, to its deadline): 502.
-    stack.admin_post("/faults", {"function": "InspectFunction", "action": "GetItem",
-                                 "kind": "error", "count": 1000})
+    stack.admin_post(
+        "/faults", {"function": "InspectFunction", "action": "GetItem", "kind": "error", "count": 1000}
+    )
     failed = stack.api("GET", path)
     assert failed.status == 502 and "error" in failed.body
     assert request(stack.admin + "/faults", "DELETE").body == {"faults": []}

@@ -18,9 +18,21 @@ from .conftest import ROOT, Stack
 
 # What differs between any two tables, whatever their schema.
 _INCIDENTAL = {
-    "TableName", "TableArn", "TableId", "CreationDateTime", "LatestStreamArn", "LatestStreamLabel",
-    "ItemCount", "TableSizeBytes", "IndexArn", "IndexSizeBytes", "LastUpdateToPayPerRequestDateTime",
-    "NumberOfDecreasesToday", "LastIncreaseDateTime", "LastDecreaseDateTime", "TableStatus",
+    "TableName",
+    "TableArn",
+    "TableId",
+    "CreationDateTime",
+    "LatestStreamArn",
+    "LatestStreamLabel",
+    "ItemCount",
+    "TableSizeBytes",
+    "IndexArn",
+    "IndexSizeBytes",
+    "LastUpdateToPayPerRequestDateTime",
+    "NumberOfDecreasesToday",
+    "LastIncreaseDateTime",
+    "LastDecreaseDateTime",
+    "TableStatus",
 }
 
 
@@ -51,7 +63,10 @@ def _by_ensure_table(endpoint: str, name: str, local_api: Path) -> None:
     """local-api creates its table with `ensure_table` before it listens."""
     process = subprocess.Popen(
         [str(local_api), "--port", "0", "--dynamodb", endpoint, "--table", name],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert process.stdout is not None

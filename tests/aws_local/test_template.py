@@ -66,7 +66,9 @@ def test_register_may_read_only_the_warm_up_key(tpl: template.Template) -> None:
 
     def get(key: str) -> bool:
         body = {"TableName": "tbl", "Key": {"pk": {"B": key}, "sk": {"B": "AA=="}}}
-        return all(policy.allowed(register.statements, c) for c in calls.dynamodb_checks("GetItem", body, keys))
+        return all(
+            policy.allowed(register.statements, c) for c in calls.dynamodb_checks("GetItem", body, keys)
+        )
 
     assert get("d2FybS11cA==")
     assert not get("AAECAwQFBgcICQoLDA0ODw==")
@@ -75,8 +77,13 @@ def test_register_may_read_only_the_warm_up_key(tpl: template.Template) -> None:
 def test_query_needs_the_index_arn(tpl: template.Template) -> None:
     functions = {f.logical_id: f for f in tpl.functions(physical(tpl))}
     keys = calls.KeyNames({"tbl": "pk"}, {("tbl", "by_ticket"): "pk"})
-    body = {"TableName": "tbl", "IndexName": "by_ticket", "KeyConditionExpression": "#p = :p",
-            "ExpressionAttributeNames": {"#p": "pk"}, "ExpressionAttributeValues": {":p": {"B": "AA=="}}}
+    body = {
+        "TableName": "tbl",
+        "IndexName": "by_ticket",
+        "KeyConditionExpression": "#p = :p",
+        "ExpressionAttributeNames": {"#p": "pk"},
+        "ExpressionAttributeValues": {":p": {"B": "AA=="}},
+    }
     (check,) = calls.dynamodb_checks("Query", body, keys)
     assert check.resource.endswith("table/tbl/index/by_ticket")
     assert check.context == {"dynamodb:LeadingKeys": ["AA=="]}
@@ -85,8 +92,11 @@ def test_query_needs_the_index_arn(tpl: template.Template) -> None:
 
 
 def test_route_matching() -> None:
-    routes = [template.Route("GET", "/l/{id}", "Inspect"), template.Route("POST", "/l/{id}/borrow", "Borrow"),
-              template.Route("ANY", "$default", "Fallback")]
+    routes = [
+        template.Route("GET", "/l/{id}", "Inspect"),
+        template.Route("POST", "/l/{id}/borrow", "Borrow"),
+        template.Route("ANY", "$default", "Fallback"),
+    ]
     found = match(routes, "GET", "/l/ab%2Dcd")
     assert found is not None and found.route.function == "Inspect" and found.parameters == {"id": "ab-cd"}
     assert match(routes, "GET", "/l/x/borrow").route.function == "Fallback"  # type: ignore[union-attr]
