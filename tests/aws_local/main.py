@@ -123,7 +123,12 @@ async def start_dynamodb(cleanups: list[Cleanup]) -> str:
         return os.environ["DYNAMODB_ENDPOINT"]
     script = str(ROOT / "tests" / "dynamodb-local")
     process = await procs.start([script, "start"], log=sys.stderr, stdout_pipe=True)
-    out, _ = await process.communicate()
+    try:
+        out, _ = await process.communicate()
+    except asyncio.CancelledError:
+        # Stopped while it waits for Java: the script and its java are one process group.
+        await procs.stop(process)
+        raise
     values = dict(line.split("=", 1) for line in out.decode().split() if "=" in line)
     if process.returncode != 0 or "DYNAMODB_ENDPOINT" not in values:
         raise RuntimeError("tests/dynamodb-local start failed")
