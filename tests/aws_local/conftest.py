@@ -84,6 +84,9 @@ def stack() -> Iterator[Stack]:
             "--admin-port",
             str(admin),
             "--allow-local-callbacks",
+            # One run directory for every session (logs/ is emptied at each start).
+            "--run-dir",
+            str(ROOT / "target" / "aws-local" / "pytest"),
         ],
         stdout=subprocess.PIPE,
         text=True,

@@ -267,14 +267,14 @@ def setup_logging(run_dir: Path) -> logging.Logger:
     to_stderr = logging.StreamHandler(sys.stderr)
     to_stderr.setLevel(logging.WARNING)
     to_stderr.setFormatter(formatter)
-    to_file = logging.FileHandler(run_dir / "aws-local.log")
+    to_file = logging.FileHandler(run_dir / "aws-local.log", mode="w")
     to_file.setFormatter(formatter)
     root.addHandler(to_stderr)
     root.addHandler(to_file)
     access = logging.getLogger("aws-local.access")
     access.propagate = False
     access.setLevel(logging.INFO)
-    access_file = logging.FileHandler(run_dir / "access.log")
+    access_file = logging.FileHandler(run_dir / "access.log", mode="w")
     access_file.setFormatter(logging.Formatter("%(message)s"))
     access.addHandler(access_file)
     return access
