@@ -1,0 +1,141 @@
+"""The admin endpoint: what the stack did and what the tests arm, on its own loopback port.
+
+GET  /calls[?function=ID]   every DynamoDB and SQS call per function, allowed or denied
+GET  /denials               the denied ones only (a run should end with none)
+GET  /faults                the faults still armed
+POST /faults                arm one: {"function", "action", "kind", "count"[, "hold_s"]}
+DELETE /faults              disarm all
+GET  /stats                 invocations and cold starts per function, the front door's
+                            answers per route, the event sources' counters, the queues'
+                            depths (dead-lettered: the dead-letter queue's)
+POST /invoke/{LogicalId}    invoke a function with the body as its event; answers the
+                            function's response, or its error with X-Amz-Function-Error
+                            (as Lambda's Invoke API does)
+GET  /stack                 the endpoints, table, queues, routes and run directory
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from .faults import Faults
+from .front import FrontDoor
+from .iam import Recorder
+from .model import FunctionError, JsonObject
+from .runtime import Runtime
+
+log = logging.getLogger("aws-local.admin")
+
+
+def counters_of(source: Any) -> JsonObject:
+    """An event source's counters, whatever shape its module gives them (a `stats()`
+    method, or a `counters` dataclass or dict)."""
+    stats = getattr(source, "stats", None)
+    if callable(stats):
+        value = stats()
+        return dict(value) if isinstance(value, dict) else {"stats": value}
+    counters = getattr(source, "counters", None)
+    if dataclasses.is_dataclass(counters) and not isinstance(counters, type):
+        return dataclasses.asdict(counters)
+    if isinstance(counters, dict):
+        return dict(counters)
+    return {}
+
+
+class Admin:
+    def __init__(
+        self,
+        *,
+        runtime: Runtime,
+        front: FrontDoor,
+        recorder: Recorder,
+        faults: Faults,
+        sources: list[Any],
+        queue_depths: Callable[[], Awaitable[JsonObject]],
+        stack: JsonObject,
+    ):
+        self.runtime = runtime
+        self.front = front
+        self.recorder = recorder
+        self.faults = faults
+        self.sources = sources
+        self.queue_depths = queue_depths
+        self.stack = stack
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=16 * 1024 * 1024)
+        app.router.add_get("/calls", self.calls)
+        app.router.add_get("/denials", self.denials)
+        app.router.add_get("/faults", self.list_faults)
+        app.router.add_post("/faults", self.arm)
+        app.router.add_delete("/faults", self.disarm)
+        app.router.add_get("/stats", self.stats)
+        app.router.add_post("/invoke/{function}", self.invoke)
+        app.router.add_get("/stack", self.describe)
+        return app
+
+    async def calls(self, request: web.Request) -> web.Response:
+        wanted = request.query.get("function")
+        listed = [c for c in self.recorder.listed() if wanted in (None, c["function"])]
+        return web.json_response({"calls": listed})
+
+    async def denials(self, request: web.Request) -> web.Response:
+        return web.json_response({"denials": self.recorder.listed(denied_only=True)})
+
+    async def list_faults(self, request: web.Request) -> web.Response:
+        return web.json_response({"faults": self.faults.listed()})
+
+    async def arm(self, request: web.Request) -> web.Response:
+        try:
+            spec = await request.json()
+            fault = self.faults.arm(spec if isinstance(spec, dict) else {})
+        except (ValueError, TypeError) as err:
+            return web.json_response({"message": str(err)}, status=400)
+        return web.json_response({"armed": dataclasses.asdict(fault)}, status=201)
+
+    async def disarm(self, request: web.Request) -> web.Response:
+        self.faults.clear()
+        return web.json_response({"faults": []})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        sources = [
+            {
+                "kind": type(s).__name__,
+                "function": getattr(getattr(s, "mapping", None), "function", None),
+                **counters_of(s),
+            }
+            for s in self.sources
+        ]
+        return web.json_response(
+            {
+                "functions": self.runtime.stats(),
+                "front": dict(self.front.statuses),
+                "sources": sources,
+                "queues": await self.queue_depths(),
+            }
+        )
+
+    async def invoke(self, request: web.Request) -> web.Response:
+        function = request.match_info["function"]
+        if function not in self.runtime.pools:
+            return web.json_response({"message": f"no function {function}"}, status=404)
+        event = await request.read()
+        try:
+            raw = await self.runtime.invoke_raw(function, event or b"{}")
+        except FunctionError as err:
+            payload = err.payload or {"errorMessage": str(err), "errorType": "Unhandled"}
+            return web.Response(
+                body=json.dumps(payload),
+                content_type="application/json",
+                headers={"X-Amz-Function-Error": "Unhandled"},
+            )
+        return web.Response(body=raw, content_type="application/json")
+
+    async def describe(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stack)

@@ -1,0 +1,103 @@
+"""template.yaml read as CloudFormation reads it: no stack needed."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from . import calls, policy, template
+from .conftest import ROOT
+from .front import match
+
+
+@pytest.fixture(scope="module")
+def tpl() -> template.Template:
+    return template.load(ROOT / "template.yaml", ROOT / "target" / "aws-local")
+
+
+def physical(tpl: template.Template) -> template.Physical:
+    p = template.Physical(stack_name="t")
+    for rid in tpl.of_type("AWS::DynamoDB::Table"):
+        p.refs[rid] = "tbl"
+        p.attrs[(rid, "Arn")] = calls.table_arn("tbl")
+        p.attrs[(rid, "StreamArn")] = calls.table_arn("tbl") + "/stream/x"
+    for rid in tpl.of_type("AWS::SQS::Queue"):
+        p.refs[rid] = f"http://q/000000000000/{rid}"
+        p.attrs[(rid, "Arn")] = f"arn:aws:sqs:us-east-1:000000000000:{rid}"
+    for rid in tpl.of_type("AWS::Lambda::Function"):
+        p.refs[rid] = rid
+        p.attrs[(rid, "Arn")] = f"arn:aws:lambda:us-east-1:000000000000:function:{rid}"
+    return p
+
+
+def test_every_rust_route_is_in_the_template_and_back(tpl: template.Template) -> None:
+    routes_rs = (ROOT / "shared" / "src" / "api" / "routes.rs").read_text()
+    rust = set(re.findall(r'"((?:GET|PUT|POST|DELETE) /l/[^"]*)"', routes_rs))
+    ours = {r.key for r in tpl.routes()}
+    assert ours - {"$default"} == rust
+    assert "$default" in ours
+
+
+def test_functions_get_globals_and_their_own(tpl: template.Template) -> None:
+    functions = {f.logical_id: f for f in tpl.functions(physical(tpl))}
+    assert len(functions) == 10
+    borrow, dispatcher = functions["BorrowFunction"], functions["DispatcherFunction"]
+    assert (borrow.timeout_s, borrow.memory_mb, borrow.binary) == (29, 128, "borrow")
+    assert borrow.environment["TABLE_NAME"] == "tbl"
+    assert borrow.environment["METRICS_NAMESPACE"] == "HttpSemaphore/t"
+    assert dispatcher.environment["WAKE_QUEUE_URL"] == "http://q/000000000000/WakeQueue"
+    assert dispatcher.timeout_s == 120
+
+
+def test_mappings(tpl: template.Template) -> None:
+    p = physical(tpl)
+    (stream,) = tpl.stream_mappings(p)
+    assert stream.function == "DispatcherFunction" and stream.stream_arn.endswith("/stream/x")
+    assert stream.bisect_on_error and stream.maximum_retry_attempts == 5 and len(stream.filters) == 2
+    assert stream.on_failure_queue_url == "http://q/000000000000/DeadLetterQueue"
+    (queue,) = tpl.queue_mappings(p)
+    assert queue.queue_url.endswith("/WakeQueue") and queue.batch_size == 10
+
+
+def test_register_may_read_only_the_warm_up_key(tpl: template.Template) -> None:
+    (register,) = [f for f in tpl.functions(physical(tpl)) if f.logical_id == "RegisterFunction"]
+    keys = calls.KeyNames({"tbl": "pk"}, {})
+
+    def get(key: str) -> bool:
+        body = {"TableName": "tbl", "Key": {"pk": {"B": key}, "sk": {"B": "AA=="}}}
+        return all(
+            policy.allowed(register.statements, c) for c in calls.dynamodb_checks("GetItem", body, keys)
+        )
+
+    assert get("d2FybS11cA==")
+    assert not get("AAECAwQFBgcICQoLDA0ODw==")
+
+
+def test_query_needs_the_index_arn(tpl: template.Template) -> None:
+    functions = {f.logical_id: f for f in tpl.functions(physical(tpl))}
+    keys = calls.KeyNames({"tbl": "pk"}, {("tbl", "by_ticket"): "pk"})
+    body = {
+        "TableName": "tbl",
+        "IndexName": "by_ticket",
+        "KeyConditionExpression": "#p = :p",
+        "ExpressionAttributeNames": {"#p": "pk"},
+        "ExpressionAttributeValues": {":p": {"B": "AA=="}},
+    }
+    (check,) = calls.dynamodb_checks("Query", body, keys)
+    assert check.resource.endswith("table/tbl/index/by_ticket")
+    assert check.context == {"dynamodb:LeadingKeys": ["AA=="]}
+    assert policy.allowed(functions["BorrowFunction"].statements, check)
+    assert not policy.allowed(functions["ReturnFunction"].statements, check)
+
+
+def test_route_matching() -> None:
+    routes = [
+        template.Route("GET", "/l/{id}", "Inspect"),
+        template.Route("POST", "/l/{id}/borrow", "Borrow"),
+        template.Route("ANY", "$default", "Fallback"),
+    ]
+    found = match(routes, "GET", "/l/ab%2Dcd")
+    assert found is not None and found.route.function == "Inspect" and found.parameters == {"id": "ab-cd"}
+    assert match(routes, "GET", "/l/x/borrow").route.function == "Fallback"  # type: ignore[union-attr]
+    assert match(routes, "GET", "/l/").route.function == "Fallback"  # type: ignore[union-attr]
