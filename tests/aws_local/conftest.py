@@ -19,6 +19,9 @@ from typing import Any
 
 import pytest
 
+# The event sources' servers: fixtures for the session, shared by their test modules.
+from aws_local.event_source_testing import servers, sqs_endpoint  # noqa: F401
+
 ROOT = Path(__file__).resolve().parents[2]
 # A clean clone builds the whole workspace first (minutes on 2 cores); after that, seconds.
 START_TIMEOUT_S = float(os.environ.get("AWS_LOCAL_START_TIMEOUT", "1800"))

@@ -4,6 +4,7 @@ pytest fixtures, and a fake function that records its events and fails on demand
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import subprocess
 import sys
@@ -69,31 +70,31 @@ def _stop_moto(proc: subprocess.Popen[bytes]) -> None:
     proc.wait(timeout=10)
 
 
-@pytest.fixture(scope="module")
-def servers() -> Iterator[tuple[str, str]]:
-    """(DynamoDB Local's endpoint, moto's), started together (both take seconds) and
-    stopped after the module. DynamoDB Local runs in memory."""
-    proc, sqs_url = _start_moto()
-    try:
-        env = _start_dynamodb()
-        try:
-            _wait_moto(proc, sqs_url)
-            yield env["DYNAMODB_ENDPOINT"], sqs_url
-        finally:
-            _stop_dynamodb(env)
-    finally:
-        _stop_moto(proc)
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sqs_endpoint() -> Iterator[str]:
-    """moto's server alone."""
+    """moto's server, one for the session (each test makes queues of its own)."""
     proc, url = _start_moto()
     try:
         _wait_moto(proc, url)
         yield url
     finally:
         _stop_moto(proc)
+
+
+@pytest.fixture(scope="session")
+def servers(sqs_endpoint: str) -> Iterator[tuple[str, str]]:
+    """(DynamoDB Local's endpoint, moto's). tests/run's DynamoDB Local when it runs
+    one (DYNAMODB_ENDPOINT; each test makes tables of its own), else one started
+    for the session, in memory."""
+    shared = os.environ.get("DYNAMODB_ENDPOINT")
+    if shared:
+        yield shared, sqs_endpoint
+        return
+    env = _start_dynamodb()
+    try:
+        yield env["DYNAMODB_ENDPOINT"], sqs_endpoint
+    finally:
+        _stop_dynamodb(env)
 
 
 def sqs_client(endpoint: str) -> Any:

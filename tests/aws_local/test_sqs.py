@@ -19,7 +19,6 @@ from aws_local.event_source_testing import FakeFunction, fail, running, wait_for
 from aws_local.model import JsonObject, QueueMapping
 from aws_local.sqs import QueueSource, failed_message_ids
 
-sqs_endpoint = support.sqs_endpoint
 
 FN = "DispatcherFunction"
 

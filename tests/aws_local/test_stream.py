@@ -21,17 +21,10 @@ from aws_local.model import JsonObject, StreamMapping
 from aws_local.stream import StreamSource, partial_failure_index
 from aws_local.test_filters import template_patterns
 
-servers = support.servers
-
 
 @pytest.fixture
 def dynamodb_endpoint(servers: tuple[str, str]) -> str:
     return servers[0]
-
-
-@pytest.fixture
-def sqs_endpoint(servers: tuple[str, str]) -> str:
-    return servers[1]
 
 
 FN = "DispatcherFunction"

@@ -60,18 +60,21 @@ def test_mappings(tpl: template.Template) -> None:
     assert queue.queue_url.endswith("/WakeQueue") and queue.batch_size == 10
 
 
-def test_register_may_read_only_the_warm_up_key(tpl: template.Template) -> None:
-    (register,) = [f for f in tpl.functions(physical(tpl)) if f.logical_id == "RegisterFunction"]
+def test_register_may_read_pools_and_delete_only_the_warm_up_key(tpl: template.Template) -> None:
+    functions = {f.logical_id: f for f in tpl.functions(physical(tpl))}
     keys = calls.KeyNames({"tbl": "pk"}, {})
 
-    def get(key: str) -> bool:
+    def get(function: str, key: str) -> bool:
         body = {"TableName": "tbl", "Key": {"pk": {"B": key}, "sk": {"B": "AA=="}}}
-        return all(
-            policy.allowed(register.statements, c) for c in calls.dynamodb_checks("GetItem", body, keys)
-        )
+        statements = functions[function].statements
+        return all(policy.allowed(statements, c) for c in calls.dynamodb_checks("GetItem", body, keys))
 
-    assert get("d2FybS11cA==")
-    assert not get("AAECAwQFBgcICQoLDA0ODw==")
+    # Register re-reads the pool item after a write whose outcome is unknown.
+    assert get("RegisterFunction", "d2FybS11cA==")
+    assert get("RegisterFunction", "AAECAwQFBgcICQoLDA0ODw==")
+    # Delete never reads a pool: only the warm-up key that opens its connection.
+    assert get("DeleteFunction", "d2FybS11cA==")
+    assert not get("DeleteFunction", "AAECAwQFBgcICQoLDA0ODw==")
 
 
 def test_query_needs_the_index_arn(tpl: template.Template) -> None:
