@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
 
 struct Server {
     child: Child,
@@ -431,7 +432,18 @@ fn json_log_lines_are_embedded_metric_format() {
     }
     assert_eq!(statuses, [200, 200, 409, 404]);
     assert!(lines.iter().all(|l| !l.contains(&id)));
-    assert!(lines[0].contains(&format!("\"pool\":\"{}\"", &id[..8])));
+    // The pool as every line names it: its key's first 8 hex digits, not the UUID's.
+    let uuid = uuid::Uuid::parse_str(&id).expect("a UUID");
+    let key: String = Sha256::digest(uuid.as_bytes())[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    assert!(
+        lines[0].contains(&format!("\"pool\":\"{key}\"")),
+        "{}",
+        lines[0]
+    );
+    assert!(!lines[0].contains(&id[..8]), "{}", lines[0]);
     server.interrupt();
 }
 
