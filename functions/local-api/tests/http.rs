@@ -614,3 +614,40 @@ fn connections_past_the_cap_get_a_json_503() {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// `GET /health` for load balancers; `HEAD` where `GET` works on the API's
+/// own paths: the same status, no body.
+#[test]
+fn health_and_the_document_answer_get_and_head() {
+    let server = Server::start(&[]);
+    let (status, _, body, _) = raw_exchange(
+        server.port,
+        b"GET /health HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 200);
+    assert_eq!(body, json!({"status": "ok"}));
+    for path in ["/health", "/openapi.json"] {
+        let mut stream = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        write!(
+            stream,
+            "HEAD {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200"), "{path}: {answer}");
+        let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+        assert!(
+            head.to_lowercase()
+                .contains("content-type: application/json"),
+            "{head}"
+        );
+        assert!(body.is_empty(), "HEAD {path} has a body: {body:?}");
+    }
+    let (status, head, _, _) = raw_exchange(
+        server.port,
+        b"POST /health HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(status, 405);
+    assert!(head.contains("allow: get, head"), "{head}");
+}

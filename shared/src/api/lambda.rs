@@ -40,7 +40,9 @@ pub async fn handle(
 /// would answer a bare `{"message":"Not Found"}`; the contract wants JSON
 /// errors and a 405 for a known path with the wrong method.
 pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
-    // `GET /openapi.json` has no route of its own in the template: it lands here.
+    // `GET /openapi.json` and `GET /health` have no route of their own in the
+    // template: they land here.
+    let head = request.method() == lambda_http::http::Method::HEAD;
     let incoming = Incoming {
         method: request.method().as_str(),
         path: request_path(&request),
@@ -50,7 +52,12 @@ pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
         give_up_with: None,
     };
     let body = ready(Ok::<_, TooLarge>(body_bytes(request.body())));
-    Ok(into_response(serve(None, incoming, body).await))
+    let mut response = into_response(serve(None, incoming, body).await);
+    if head {
+        // A HEAD answer has GET's status and headers, and no body.
+        *response.body_mut() = Body::Empty;
+    }
+    Ok(response)
 }
 
 fn body_bytes(body: &Body) -> &[u8] {

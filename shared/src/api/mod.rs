@@ -5,6 +5,7 @@
 //! [`Request`] parses and runs each one; [`serve`] is the one request path
 //! of every entrypoint ([`lambda`], local-api).
 
+pub mod health;
 pub mod lambda;
 pub mod openapi;
 mod request;

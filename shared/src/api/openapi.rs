@@ -17,15 +17,16 @@ pub fn openapi_json() -> &'static str {
 }
 
 /// The answer to `method` on `path` when `path` is the document's, else
-/// `None` (the request is for the routes). Any method but GET is a 405.
+/// `None` (the request is for the routes). GET and HEAD; any other method
+/// is a 405.
 pub fn respond(method: &str, path: &str) -> Option<ApiResponse> {
     let path = path.split('?').next().unwrap_or_default();
     if path != PATH {
         return None;
     }
-    if method != "GET" {
+    if method != "GET" && method != "HEAD" {
         return Some(api::error_response(&Error::MethodNotAllowed {
-            allow: "GET".into(),
+            allow: "GET, HEAD".into(),
         }));
     }
     static DOCUMENT: OnceLock<Value> = OnceLock::new();
@@ -71,6 +72,7 @@ mod tests {
             })
             .collect();
         expected.push((PATH.to_string(), "get".to_string()));
+        expected.push((super::super::health::PATH.to_string(), "get".to_string()));
         expected.sort();
 
         let mut listed = Vec::new();
@@ -112,7 +114,7 @@ mod tests {
     }
 
     #[test]
-    fn served_on_get_only() {
+    fn served_on_get_and_head_only() {
         let ok = respond("GET", "/openapi.json?x=1").expect("served");
         assert_eq!(ok.status, 200);
         assert_eq!(ok.body, document());
@@ -121,7 +123,11 @@ mod tests {
 
         let wrong = respond("POST", "/openapi.json").expect("answered");
         assert_eq!(wrong.status, 405);
-        assert_eq!(wrong.into_http().headers()["allow"], "GET");
+        assert_eq!(wrong.into_http().headers()["allow"], "GET, HEAD");
+        assert_eq!(
+            respond("HEAD", "/openapi.json").expect("served").status,
+            200
+        );
 
         assert!(respond("GET", "/openapi.yaml").is_none());
         assert!(respond("GET", "/l/openapi.json").is_none());

@@ -7,7 +7,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::{error_response, id_from_path, openapi, parse_pool_id, resolve};
+use super::{error_response, health, id_from_path, openapi, parse_pool_id, resolve};
 use super::{ApiResponse, Request, Route};
 use crate::error::Error;
 use crate::keys::PoolId;
@@ -66,7 +66,7 @@ enum Target<'a> {
     Refused(Error, Option<&'a str>),
 }
 
-/// Answers one request: `/openapi.json` first (`Table` and `Default`, with no
+/// Answers one request: `/openapi.json` and `/health` first (`Table` and `Default`, with no
 /// log line), then its route, and one log line. `body` is awaited only once
 /// the request is routed. Without a service (`$default`: no database) no
 /// request is run: a routable one is a 404.
@@ -83,9 +83,12 @@ pub async fn serve<B: AsRef<[u8]>, E: Into<ApiResponse>>(
         log,
         give_up_with,
     } = incoming;
-    // The API's own description is served before routing (no pool, no store).
+    // The API's own description and its health are served before routing
+    // (no pool, no store).
     if !matches!(entry, Entry::Route(..)) {
-        if let Some(response) = openapi::respond(method, path) {
+        if let Some(response) =
+            openapi::respond(method, path).or_else(|| health::respond(method, path))
+        {
             return response;
         }
     }
