@@ -19,6 +19,7 @@
 //! same way (exit status 2).
 
 mod connection;
+mod cors;
 
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
@@ -42,6 +43,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
 use connection::{Head, Rewind};
+use cors::Cors;
 
 /// Requests are a few dozen bytes; anything this large is not ours.
 const MAX_BODY_BYTES: usize = 64 * 1024;
@@ -86,6 +88,11 @@ struct Args {
     /// it a new connection gets a 503 and is closed.
     #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     max_connections: u32,
+    /// Let a browser page on this origin call the API (CORS): `*`, or
+    /// scheme://host[:port] like http://localhost:5173. Off by default; the
+    /// template's CorsAllowOrigin parameter does the same deployed.
+    #[arg(long, value_name = "ORIGIN", value_parser = Cors::parse)]
+    cors_origin: Option<Cors>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -173,21 +180,25 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
 
     let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
-    let read_timeout = Duration::from_secs(args.read_timeout);
+    let settings = Arc::new(Settings {
+        log_format: args.log_format.into(),
+        read_timeout: Duration::from_secs(args.read_timeout),
+        cors: args.cors_origin.clone(),
+    });
     let connections = Arc::new(Semaphore::new(args.max_connections as usize));
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((stream, _)) = accepted else { continue };
                 let service = service.clone();
-                let log_format = LogFormat::from(args.log_format);
+                let settings = settings.clone();
                 let permit = connections.clone().try_acquire_owned().ok();
                 tokio::spawn(async move {
                     let Some(_permit) = permit else {
                         connection::refuse(stream, ApiResponse::too_many_connections()).await;
                         return;
                     };
-                    serve_connection(stream, service, log_format, read_timeout).await;
+                    serve_connection(stream, service, settings).await;
                 });
             }
             _ = &mut shutdown => {
@@ -201,20 +212,15 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
 /// One connection: its first request's head read here (JSON errors for a
 /// stalled or malformed one), then hyper, which closes a later request whose
 /// head stalls.
-async fn serve_connection(
-    mut stream: TcpStream,
-    service: Arc<Service>,
-    log_format: LogFormat,
-    read_timeout: Duration,
-) {
+async fn serve_connection(mut stream: TcpStream, service: Arc<Service>, settings: Arc<Settings>) {
+    let read_timeout = settings.read_timeout;
     let head = match connection::read_head(&mut stream, read_timeout).await {
         Head::Ready(head) => head,
         Head::Closed => return,
         Head::Refuse(response) => return connection::refuse(stream, response).await,
     };
-    let handler = hyper::service::service_fn(move |req| {
-        serve(service.clone(), log_format, read_timeout, req)
-    });
+    let handler =
+        hyper::service::service_fn(move |req| serve(service.clone(), settings.clone(), req));
     // A client hanging up mid-request is not our error.
     let _ = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -244,12 +250,27 @@ async fn shutdown_signal() {
     let _ = ctrl_c.await;
 }
 
-async fn serve(
-    service: Arc<Service>,
+/// What every request of the server is served with.
+struct Settings {
     log_format: LogFormat,
     read_timeout: Duration,
+    cors: Option<Cors>,
+}
+
+async fn serve(
+    service: Arc<Service>,
+    settings: Arc<Settings>,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
+    if let Some(cors) = &settings.cors {
+        if let Some((status, headers)) = cors.preflight(request.method(), request.headers()) {
+            let mut response = Response::new(Full::new(Bytes::new()));
+            *response.status_mut() = status;
+            *response.headers_mut() = headers;
+            return Ok(response);
+        }
+    }
+    let (log_format, read_timeout) = (settings.log_format, settings.read_timeout);
     let method = request.method().as_str().to_owned();
     let path = request.uri().path().to_owned();
     let incoming = api::Incoming {
@@ -273,6 +294,9 @@ async fn serve(
     let mut response = response
         .into_http()
         .map(|body| Full::new(Bytes::from(body)));
+    if let Some(cors) = &settings.cors {
+        cors.allow(response.headers_mut());
+    }
     if response.status() == hyper::StatusCode::REQUEST_TIMEOUT {
         // The rest of a stalled body may never come: the connection ends.
         response.headers_mut().insert(
@@ -305,6 +329,7 @@ mod tests {
                 allow_local_callbacks: false,
                 read_timeout: 10,
                 max_connections: 1024,
+                cors_origin: None,
             }
         );
         assert_eq!(
@@ -318,6 +343,7 @@ mod tests {
                 allow_local_callbacks: false,
                 read_timeout: 10,
                 max_connections: 1024,
+                cors_origin: None,
             }
         );
         assert_eq!(

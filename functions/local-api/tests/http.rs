@@ -651,3 +651,55 @@ fn health_and_the_document_answer_get_and_head() {
     assert_eq!(status, 405);
     assert!(head.contains("allow: get, head"), "{head}");
 }
+
+/// `--cors-origin`: a browser page on that origin may call the API (its
+/// preflight answered, every answer allowing the origin); without it, no
+/// CORS header and OPTIONS is a 405 like any method no route has.
+#[test]
+fn cors_is_off_unless_an_origin_is_given() {
+    let preflight =
+        b"OPTIONS /l/6f1c2e7a-5b3d-4c8e-a1f0-6d2b9c4e7a01/borrow HTTP/1.1\r\nHost: a\r\n\
+Origin: https://app.example.com\r\nAccess-Control-Request-Method: POST\r\n\
+Access-Control-Request-Headers: content-type\r\nConnection: close\r\n\r\n";
+    let get = b"GET /health HTTP/1.1\r\nHost: a\r\nOrigin: https://app.example.com\r\nConnection: close\r\n\r\n";
+
+    let off = Server::start(&[]);
+    let (status, head, _, _) = raw_exchange(off.port, get);
+    assert_eq!(status, 200);
+    assert!(!head.contains("access-control-"), "{head}");
+    let (status, _, _, _) = raw_exchange(off.port, preflight);
+    assert_eq!(status, 405);
+
+    let on = Server::start(&["--cors-origin", "https://app.example.com"]);
+    let (status, head, _, _) = raw_exchange(on.port, get);
+    assert_eq!(status, 200);
+    assert!(
+        head.contains("access-control-allow-origin: https://app.example.com"),
+        "{head}"
+    );
+    let mut stream = TcpStream::connect(("127.0.0.1", on.port)).unwrap();
+    stream.write_all(preflight).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let answer = answer.to_lowercase();
+    assert!(answer.starts_with("http/1.1 204"), "{answer}");
+    assert!(
+        answer.contains("access-control-allow-methods: get, head, put, post, delete"),
+        "{answer}"
+    );
+    assert!(
+        answer.contains("access-control-allow-headers: content-type"),
+        "{answer}"
+    );
+
+    let refused = Command::new(env!("CARGO_BIN_EXE_local-api"))
+        .args(["--port", "0", "--cors-origin", "app.example.com"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        refused.status.code(),
+        Some(2),
+        "a bad origin is refused at start"
+    );
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("is not an origin"));
+}
