@@ -11,20 +11,29 @@ pub const PATH: &str = "/health";
 /// The answer to `method` on `path` when `path` is `/health`, else `None`.
 /// GET and HEAD: 200 `{"status": "ok"}`; any other method: 405.
 pub fn respond(method: &str, path: &str) -> Option<ApiResponse> {
+    Some(match read_only(method, path, PATH)? {
+        Err(refused) => refused,
+        Ok(()) => ApiResponse {
+            status: 200,
+            body: serde_json::json!({ "status": "ok" }),
+            allow: None,
+        },
+    })
+}
+
+/// The API's own read-only paths (this one, `/openapi.json`): `None` when
+/// `path` (its query aside) is not `at`; a 405 for a method but GET and HEAD.
+pub(super) fn read_only(method: &str, path: &str, at: &str) -> Option<Result<(), ApiResponse>> {
     let path = path.split('?').next().unwrap_or_default();
-    if path != PATH {
+    if path != at {
         return None;
     }
     if method != "GET" && method != "HEAD" {
-        return Some(api::error_response(&Error::MethodNotAllowed {
+        return Some(Err(api::error_response(&Error::MethodNotAllowed {
             allow: "GET, HEAD".into(),
-        }));
+        })));
     }
-    Some(ApiResponse {
-        status: 200,
-        body: serde_json::json!({ "status": "ok" }),
-        allow: None,
-    })
+    Some(Ok(()))
 }
 
 #[cfg(test)]

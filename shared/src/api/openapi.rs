@@ -5,8 +5,7 @@ use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::api::{self, ApiResponse};
-use crate::error::Error;
+use crate::api::{health, ApiResponse};
 
 /// Where the document is served.
 pub const PATH: &str = "/openapi.json";
@@ -20,14 +19,8 @@ pub fn openapi_json() -> &'static str {
 /// `None` (the request is for the routes). GET and HEAD; any other method
 /// is a 405.
 pub fn respond(method: &str, path: &str) -> Option<ApiResponse> {
-    let path = path.split('?').next().unwrap_or_default();
-    if path != PATH {
-        return None;
-    }
-    if method != "GET" && method != "HEAD" {
-        return Some(api::error_response(&Error::MethodNotAllowed {
-            allow: "GET, HEAD".into(),
-        }));
+    if let Err(refused) = health::read_only(method, path, PATH)? {
+        return Some(refused);
     }
     static DOCUMENT: OnceLock<Value> = OnceLock::new();
     let body = DOCUMENT.get_or_init(|| {
