@@ -3,6 +3,8 @@ on free ports, stopped (SIGTERM, as Ctrl-C would) when the session ends."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import signal
@@ -12,15 +14,20 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import boto3
 import pytest
 
 # The event sources' servers: fixtures for the session, shared by their test modules.
 from aws_local.event_source_testing import servers, sqs_endpoint  # noqa: F401
+from aws_local.receiver import Receiver
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parents[2]
 # A clean clone builds the whole workspace first (minutes on 2 cores); after that, seconds.
@@ -58,6 +65,7 @@ def request(
 class Stack:
     front: str  # http://127.0.0.1:PORT (no trailing slash)
     admin: str
+    _described: dict[str, Any] = field(default_factory=dict)
 
     def api(self, method: str, path: str, body: Any = None, **kw: Any) -> Answer:
         return request(self.front + path, method, body, **kw)
@@ -67,6 +75,78 @@ class Stack:
 
     def admin_post(self, path: str, body: Any) -> Answer:
         return request(self.admin + path, "POST", body)
+
+    def described(self) -> dict[str, Any]:
+        """GET /stack, read once."""
+        if not self._described:
+            self._described.update(self.admin_get("/stack"))
+        return self._described
+
+    def pool_item(self, pool: str) -> dict[str, Any]:
+        """The pool's item as stored (read from DynamoDB Local itself, past the IAM proxy)."""
+        info = self.described()
+        client = boto3.client(
+            "dynamodb",
+            endpoint_url=info["dynamodb"],
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        got = client.get_item(
+            TableName=info["tables"]["PoolTable"],
+            Key={"pk": {"B": pool_key(pool)}, "sk": {"B": b"\x00"}},
+            ConsistentRead=True,
+        )
+        item: dict[str, Any] = got.get("Item", {})
+        return item
+
+    def wake_messages(self, pool: str) -> list[dict[str, Any]]:
+        """Every message sent to the wake queue for the pool, delayed or not, received or
+        not (moto's own record of its messages: a delayed one cannot be received)."""
+        data = request(self.described()["sqs"] + "/moto-api/data.json").body
+        wanted = base64.b64encode(pool_key(pool)).decode()
+        messages = []
+        for message in data.get("sqs", {}).get("Message", []):
+            try:
+                body = json.loads(message["body"])
+            except ValueError:
+                continue
+            if isinstance(body, dict) and body.get("pool") == wanted:
+                messages.append({**message, "wake": body})
+        return messages
+
+    def log_of(self, function: str) -> str:
+        return Path(self.described()["functions"][function]["log"]).read_text()
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.admin_get("/stats")
+        return stats
+
+    def source(self, kind: str) -> dict[str, Any]:
+        """One event source's counters from /stats: StreamSource or QueueSource."""
+        return next(s for s in self.stats()["sources"] if s["kind"] == kind)
+
+
+def pool_key(pool: str) -> bytes:
+    """The table's key of a pool: the first 16 bytes of the SHA-256 of its UUID's bytes."""
+    return hashlib.sha256(uuid.UUID(pool).bytes).digest()[:16]
+
+
+def short(pool: str) -> str:
+    """A pool as the functions' logs name it: its key's first 8 hex digits."""
+    return pool_key(pool).hex()[:8]
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout: float = 15.0) -> T:
+    """`probe()` polled until it answers something truthy, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
 
 
 def _free_port() -> int:
@@ -123,6 +203,15 @@ def stack() -> Iterator[Stack]:
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             raise
+
+
+@pytest.fixture(scope="session")
+def receiver() -> Iterator[Receiver]:
+    got = Receiver()
+    try:
+        yield got
+    finally:
+        got.close()
 
 
 def pytest_configure(config: pytest.Config) -> None:
