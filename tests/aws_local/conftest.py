@@ -4,13 +4,9 @@ on free ports, stopped (SIGTERM, as Ctrl-C would) when the session ends."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,15 +19,15 @@ from typing import Any, TypeVar
 import boto3
 import pytest
 
+from aws_local import launch
+
 # The event sources' servers: fixtures for the session, shared by their test modules.
 from aws_local.event_source_testing import servers, sqs_endpoint  # noqa: F401
 from aws_local.receiver import Receiver
 
 T = TypeVar("T")
 
-ROOT = Path(__file__).resolve().parents[2]
-# A clean clone builds the whole workspace first (minutes on 2 cores); after that, seconds.
-START_TIMEOUT_S = float(os.environ.get("AWS_LOCAL_START_TIMEOUT", "1800"))
+ROOT = launch.ROOT
 
 
 @dataclass
@@ -149,60 +145,17 @@ def eventually(probe: Callable[[], T | None], what: str, timeout: float = 15.0) 
         time.sleep(0.05)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    front, admin = _free_port(), _free_port()
-    process = subprocess.Popen(
-        [
-            str(ROOT / "tests" / "aws-local"),
-            "--port",
-            str(front),
-            "--admin-port",
-            str(admin),
-            "--allow-local-callbacks",
-            # One run directory for every session (logs/ is emptied at each start).
-            "--run-dir",
-            str(ROOT / "target" / "aws-local" / "pytest"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("admin:"):
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
     started = time.monotonic()
-    ready.wait(START_TIMEOUT_S)
-    if not any(line.startswith("admin:") for line in lines):
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
-        pytest.fail(f"tests/aws-local did not get ready: {lines}")
-    print(f"\naws-local ready in {time.monotonic() - started:.1f} s")
-    try:
-        yield Stack(f"http://127.0.0.1:{front}", f"http://127.0.0.1:{admin}")
-    finally:
-        process.send_signal(signal.SIGTERM)
+    # One run directory for every session (logs/ is emptied at each start).
+    with contextlib.ExitStack() as stop:
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
+            front, admin = stop.enter_context(launch.running(ROOT / "target" / "aws-local" / "pytest"))
+        except launch.NotReady as err:
+            pytest.fail(str(err))
+        print(f"\naws-local ready in {time.monotonic() - started:.1f} s")
+        yield Stack(front, admin)
 
 
 @pytest.fixture(scope="session")
