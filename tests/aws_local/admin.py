@@ -7,7 +7,8 @@ POST /faults                arm one: {"function", "action", "kind", "count"[, "h
 DELETE /faults              disarm all
 GET  /stats                 invocations and cold starts per function, the front door's
                             answers per route, the event sources' counters, the queues'
-                            depths (dead-lettered: the dead-letter queue's)
+                            depths (dead-lettered: the dead-letter queue's); an event
+                            source that stopped polling says why in `failed`
 POST /invoke/{LogicalId}    invoke a function with the body as its event; answers the
                             function's response, or its error with X-Amz-Function-Error
                             (as Lambda's Invoke API does)
@@ -16,6 +17,7 @@ GET  /stack                 the endpoints, table, queues, routes and run directo
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import logging
@@ -48,6 +50,14 @@ def counters_of(source: Any) -> JsonObject:
     return {}
 
 
+def _failure(task: asyncio.Task[None]) -> str | None:
+    """Why an event source stopped polling (None while it runs)."""
+    if not task.done() or task.cancelled():
+        return None
+    err = task.exception()
+    return f"{type(err).__name__}: {err}" if err is not None else "stopped"
+
+
 class Admin:
     def __init__(
         self,
@@ -57,6 +67,7 @@ class Admin:
         recorder: Recorder,
         faults: Faults,
         sources: list[Any],
+        source_tasks: list[asyncio.Task[None]],
         queue_depths: Callable[[], Awaitable[JsonObject]],
         stack: JsonObject,
     ):
@@ -65,6 +76,7 @@ class Admin:
         self.recorder = recorder
         self.faults = faults
         self.sources = sources
+        self.source_tasks = source_tasks
         self.queue_depths = queue_depths
         self.stack = stack
 
@@ -109,8 +121,9 @@ class Admin:
                 "kind": type(s).__name__,
                 "function": getattr(getattr(s, "mapping", None), "function", None),
                 **counters_of(s),
+                "failed": _failure(task),
             }
-            for s in self.sources
+            for s, task in zip(self.sources, self.source_tasks, strict=True)
         ]
         return web.json_response(
             {

@@ -3,28 +3,31 @@ on free ports, stopped (SIGTERM, as Ctrl-C would) when the session ends."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import hashlib
 import json
-import os
-import signal
-import socket
-import subprocess
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import boto3
 import pytest
+
+from aws_local import launch
 
 # The event sources' servers: fixtures for the session, shared by their test modules.
 from aws_local.event_source_testing import servers, sqs_endpoint  # noqa: F401
+from aws_local.receiver import Receiver
 
-ROOT = Path(__file__).resolve().parents[2]
-# A clean clone builds the whole workspace first (minutes on 2 cores); after that, seconds.
-START_TIMEOUT_S = float(os.environ.get("AWS_LOCAL_START_TIMEOUT", "1800"))
+T = TypeVar("T")
+
+ROOT = launch.ROOT
 
 
 @dataclass
@@ -58,6 +61,7 @@ def request(
 class Stack:
     front: str  # http://127.0.0.1:PORT (no trailing slash)
     admin: str
+    _described: dict[str, Any] = field(default_factory=dict)
 
     def api(self, method: str, path: str, body: Any = None, **kw: Any) -> Answer:
         return request(self.front + path, method, body, **kw)
@@ -68,61 +72,99 @@ class Stack:
     def admin_post(self, path: str, body: Any) -> Answer:
         return request(self.admin + path, "POST", body)
 
+    def described(self) -> dict[str, Any]:
+        """GET /stack, read once."""
+        if not self._described:
+            self._described.update(self.admin_get("/stack"))
+        return self._described
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
+    def pool_item(self, pool: str) -> dict[str, Any]:
+        """The pool's item as stored (read from DynamoDB Local itself, past the IAM proxy)."""
+        info = self.described()
+        client = boto3.client(
+            "dynamodb",
+            endpoint_url=info["dynamodb"],
+            region_name="us-east-1",
+            aws_access_key_id="x",
+            aws_secret_access_key="x",
+        )
+        got = client.get_item(
+            TableName=info["tables"]["PoolTable"],
+            Key={"pk": {"B": pool_key(pool)}, "sk": {"B": b"\x00"}},
+            ConsistentRead=True,
+        )
+        item: dict[str, Any] = got.get("Item", {})
+        return item
+
+    def wake_messages(self, pool: str) -> list[dict[str, Any]]:
+        """Every message sent to the wake queue for the pool, delayed or not, received or
+        not (moto's own record of its messages: a delayed one cannot be received)."""
+        data = request(self.described()["sqs"] + "/moto-api/data.json").body
+        wanted = base64.b64encode(pool_key(pool)).decode()
+        messages = []
+        for message in data.get("sqs", {}).get("Message", []):
+            try:
+                body = json.loads(message["body"])
+            except ValueError:
+                continue
+            if isinstance(body, dict) and body.get("pool") == wanted:
+                messages.append({**message, "wake": body})
+        return messages
+
+    def log_of(self, function: str) -> str:
+        return Path(self.described()["functions"][function]["log"]).read_text()
+
+    def stats(self) -> dict[str, Any]:
+        stats: dict[str, Any] = self.admin_get("/stats")
+        return stats
+
+    def source(self, kind: str) -> dict[str, Any]:
+        """One event source's counters from /stats: StreamSource or QueueSource."""
+        return next(s for s in self.stats()["sources"] if s["kind"] == kind)
+
+
+def pool_key(pool: str) -> bytes:
+    """The table's key of a pool: the first 16 bytes of the SHA-256 of its UUID's bytes."""
+    return hashlib.sha256(uuid.UUID(pool).bytes).digest()[:16]
+
+
+def short(pool: str) -> str:
+    """A pool as the functions' logs name it: its key's first 8 hex digits."""
+    return pool_key(pool).hex()[:8]
+
+
+def eventually(probe: Callable[[], T | None], what: str, timeout: float = 15.0) -> T:
+    """`probe()` polled until it answers something truthy, for at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = probe()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what}")
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="session")
 def stack() -> Iterator[Stack]:
-    front, admin = _free_port(), _free_port()
-    process = subprocess.Popen(
-        [
-            str(ROOT / "tests" / "aws-local"),
-            "--port",
-            str(front),
-            "--admin-port",
-            str(admin),
-            "--allow-local-callbacks",
-            # One run directory for every session (logs/ is emptied at each start).
-            "--run-dir",
-            str(ROOT / "target" / "aws-local" / "pytest"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            lines.append(line.rstrip())
-            if line.startswith("admin:"):
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=read, daemon=True).start()
     started = time.monotonic()
-    ready.wait(START_TIMEOUT_S)
-    if not any(line.startswith("admin:") for line in lines):
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
-        pytest.fail(f"tests/aws-local did not get ready: {lines}")
-    print(f"\naws-local ready in {time.monotonic() - started:.1f} s")
-    try:
-        yield Stack(f"http://127.0.0.1:{front}", f"http://127.0.0.1:{admin}")
-    finally:
-        process.send_signal(signal.SIGTERM)
+    # One run directory for every session (logs/ is emptied at each start).
+    with contextlib.ExitStack() as stop:
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
+            front, admin = stop.enter_context(launch.running(ROOT / "target" / "aws-local" / "pytest"))
+        except launch.NotReady as err:
+            pytest.fail(str(err))
+        print(f"\naws-local ready in {time.monotonic() - started:.1f} s")
+        yield Stack(front, admin)
+
+
+@pytest.fixture(scope="session")
+def receiver() -> Iterator[Receiver]:
+    got = Receiver()
+    try:
+        yield got
+    finally:
+        got.close()
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -40,9 +40,7 @@ from typing import Any
 JsonObject = dict[str, Any]
 Path = tuple[str, ...]
 
-_OPERATORS = frozenset(
-    {"prefix", "suffix", "equals-ignore-case", "anything-but", "numeric", "exists"}
-)
+_OPERATORS = frozenset({"prefix", "suffix", "equals-ignore-case", "anything-but", "numeric", "exists"})
 _NUMERIC_OPS = frozenset({"=", "<", "<=", ">", ">="})
 
 
@@ -207,9 +205,7 @@ def _anything_but(arg: Any, value: Any) -> bool:
         ((op, inner),) = arg.items()
         if op == "equals-ignore-case":
             options = inner if isinstance(inner, list) else [inner]
-            return not (
-                isinstance(value, str) and value.casefold() in {str(o).casefold() for o in options}
-            )
+            return not (isinstance(value, str) and value.casefold() in {str(o).casefold() for o in options})
         return not _match_operator(op, inner, value)
     options = arg if isinstance(arg, list) else [arg]
     return not any(_equal(o, value) for o in options)

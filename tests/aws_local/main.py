@@ -363,6 +363,14 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
     ] + [QueueSource(m, endpoint=sqs, invoke=runtime.invoke) for m in tpl.queue_mappings(physical)]
     tasks = [asyncio.create_task(s.run()) for s in sources]
 
+    def stopped(task: asyncio.Task[None]) -> None:
+        # A source that stops delivers nothing more, in silence but for this line.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("an event source stopped polling", exc_info=task.exception())
+
+    for task in tasks:
+        task.add_done_callback(stopped)
+
     async def stop_sources() -> None:
         for task in tasks:
             task.cancel()
@@ -400,6 +408,7 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
         recorder=recorder,
         faults=faults,
         sources=sources,
+        source_tasks=tasks,
         queue_depths=queue_depths(session, sqs, queue_urls),
         stack=stack,
     )

@@ -172,9 +172,7 @@ class QueueSource:
             resp = await self._call(
                 self._sqs.delete_message_batch,
                 QueueUrl=self.mapping.queue_url,
-                Entries=[
-                    {"Id": str(n), "ReceiptHandle": r["receiptHandle"]} for n, r in enumerate(chunk)
-                ],
+                Entries=[{"Id": str(n), "ReceiptHandle": r["receiptHandle"]} for n, r in enumerate(chunk)],
             )
             failed = resp.get("Failed", [])
             for f in failed:

@@ -290,7 +290,7 @@ def load(path: Path, cache_dir: Path) -> Template:
 
 def _decode_and_transform(path: Path) -> tuple[JsonObject, JsonObject]:
     # Imported here: about 6 s, paid only when the cache misses.
-    import boto3  # type: ignore[import-untyped]
+    import boto3
     from cfnlint.decode import cfn_yaml  # type: ignore[import-untyped]
     from samtranslator.parser.parser import Parser  # type: ignore[import-untyped]
     from samtranslator.translator.translator import Translator  # type: ignore[import-untyped]

@@ -19,7 +19,6 @@ from aws_local.event_source_testing import FakeFunction, fail, running, wait_for
 from aws_local.model import JsonObject, QueueMapping
 from aws_local.sqs import QueueSource, failed_message_ids
 
-
 FN = "DispatcherFunction"
 
 
@@ -27,9 +26,7 @@ class Queues:
     """A wake queue and its dead-letter queue, shaped like template.yaml's (with a short
     visibility timeout, so that a test does not wait 720 s)."""
 
-    def __init__(
-        self, endpoint: str, *, visibility: int = 1, max_receive: int = 5, delay: int = 0
-    ) -> None:
+    def __init__(self, endpoint: str, *, visibility: int = 1, max_receive: int = 5, delay: int = 0) -> None:
         self.client = support.sqs_client(endpoint)
         tag = uuid.uuid4().hex[:8]
         self.dlq = self.client.create_queue(QueueName=f"dlq-{tag}")["QueueUrl"]
@@ -39,9 +36,7 @@ class Queues:
             Attributes={
                 "VisibilityTimeout": str(visibility),
                 "DelaySeconds": str(delay),
-                "RedrivePolicy": json.dumps(
-                    {"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive}
-                ),
+                "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receive}),
             },
         )["QueueUrl"]
 
@@ -86,9 +81,7 @@ def bodies(event: JsonObject) -> list[str]:
 
 
 def source(queues: Queues, fn: FakeFunction, endpoint: str, **overrides: Any) -> QueueSource:
-    return QueueSource(
-        queues.mapping(**overrides), endpoint=endpoint, invoke=fn, pollers=1, wait_seconds=1
-    )
+    return QueueSource(queues.mapping(**overrides), endpoint=endpoint, invoke=fn, pollers=1, wait_seconds=1)
 
 
 def test_success_deletes_the_batch_and_the_event_is_documented(sqs_endpoint: str) -> None:
@@ -245,9 +238,7 @@ def test_several_pollers_share_the_queue(sqs_endpoint: str) -> None:
     for n in range(30):
         q.send(str(n))
     fn = FakeFunction()
-    src = QueueSource(
-        q.mapping(batch_size=5), endpoint=sqs_endpoint, invoke=fn, pollers=3, wait_seconds=1
-    )
+    src = QueueSource(q.mapping(batch_size=5), endpoint=sqs_endpoint, invoke=fn, pollers=3, wait_seconds=1)
 
     async def body() -> None:
         await wait_for(lambda: src.stats()["messages_deleted"] == 30)

@@ -94,9 +94,7 @@ def test_filters_batches_in_order_with_the_documented_event(dynamodb_endpoint: s
     table.put(b"pool-0", b"\x01ticket", tn={"N": "1"}, c={"N": "50"})  # a new ticket: passes
     table.put(b"pool-0", b"\x01ticket", tn={"N": "1"}, c={"N": "51"})  # its MODIFY: does not
     fn = FakeFunction()
-    source = StreamSource(
-        mapping(table, batch_size=3), endpoint=dynamodb_endpoint, invoke=fn, delay_ms=0
-    )
+    source = StreamSource(mapping(table, batch_size=3), endpoint=dynamodb_endpoint, invoke=fn, delay_ms=0)
 
     async def body() -> None:
         await wait_for(lambda: sum(len(e["Records"]) for e in fn.events) >= 8)
@@ -168,6 +166,21 @@ def test_latest_starts_after_the_records_already_there(dynamodb_endpoint: str) -
     assert [pools(e) for e in fn.events] == [[2]]
 
 
+def test_an_empty_map_keeps_its_type(dynamodb_endpoint: str) -> None:
+    # DynamoDB Local's stream sends an empty map as {}; every pool item has one (x, y).
+    table = Table(dynamodb_endpoint)
+    table.put(b"pool-1", b"\x00", z={"N": "1"}, x={"M": {}}, q={"L": []})
+    fn = FakeFunction()
+    source = StreamSource(mapping(table), endpoint=dynamodb_endpoint, invoke=fn, delay_ms=0)
+
+    async def body() -> None:
+        await wait_for(lambda: len(fn.events) >= 1)
+
+    asyncio.run(running(source.run, body))
+    image = fn.events[0]["Records"][0]["dynamodb"]["NewImage"]
+    assert image["x"] == {"M": {}} and image["q"] == {"L": []}
+
+
 def test_delay_is_added_before_each_invocation(dynamodb_endpoint: str) -> None:
     table = Table(dynamodb_endpoint)
     fn = FakeFunction()
@@ -190,9 +203,7 @@ def test_delay_is_added_before_each_invocation(dynamodb_endpoint: str) -> None:
     assert fn.calls[0][0] - written[0] >= 0.5
 
 
-def test_retries_then_on_failure_destination_then_moves_on(
-    dynamodb_endpoint: str, sqs_endpoint: str
-) -> None:
+def test_retries_then_on_failure_destination_then_moves_on(dynamodb_endpoint: str, sqs_endpoint: str) -> None:
     table = Table(dynamodb_endpoint)
     sqs = support.sqs_client(sqs_endpoint)
     dlq = sqs.create_queue(QueueName=f"dlq-{uuid.uuid4().hex[:8]}")["QueueUrl"]

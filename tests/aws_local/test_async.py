@@ -1,0 +1,127 @@
+"""Async mode end to end through the deployed shape: enqueue through the front door, the
+table's stream (filtered as the template says) or the wake queue invokes the dispatcher,
+which POSTs the grant to a receiver on this machine (the stack runs with
+--allow-local-callbacks)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from .conftest import Stack, eventually
+from .receiver import Receiver
+
+GRANT_FIELDS = {"ticket", "position", "fence", "expires_at_unix", "expires_in"}
+
+
+def held_pool(stack: Stack, ttl: float) -> tuple[str, dict[str, Any]]:
+    """A pool of one slot, and the borrow that holds it."""
+    pool = str(uuid.uuid4())
+    assert stack.api("PUT", f"/l/{pool}", {"count": 1}).status == 200
+    held = stack.api("POST", f"/l/{pool}/borrow", {"ttl": ttl})
+    assert held.status == 200, held.body
+    return pool, held.body
+
+
+def enqueue(stack: Stack, receiver: Receiver, pool: str, token: str, **fields: Any) -> tuple[str, str]:
+    """A ticket whose grant goes to its own path on the receiver: (its lease, that path)."""
+    lease, path = str(uuid.uuid4()), f"/grant/{uuid.uuid4().hex}"
+    body = {"ttl": 30, "wait": 600, "lease": lease, "callback": {"url": receiver.url(path), "token": token}}
+    answer = stack.api("POST", f"/l/{pool}/enqueue", {**body, **fields})
+    assert answer.status == 202, answer.body
+    return lease, path
+
+
+def ticket(stack: Stack, pool: str, lease: str) -> dict[str, Any]:
+    answer = stack.api("POST", f"/l/{pool}/ticket", {"lease": lease})
+    assert answer.status == 200, answer.body
+    body: dict[str, Any] = answer.body
+    return body
+
+
+def test_a_return_delivers_the_grant_through_the_stream(stack: Stack, receiver: Receiver) -> None:
+    pool, held = held_pool(stack, ttl=60)
+    lease, path = enqueue(stack, receiver, pool, "s3cr3t")
+    assert ticket(stack, pool, lease) == {"state": "waiting", "ticket": 0, "ahead": 0}
+    dispatcher = stack.stats()["functions"]["DispatcherFunction"]["invocations"]
+    batches = stack.source("StreamSource")["batches_invoked"]
+
+    returned = time.time()
+    assert stack.api("POST", f"/l/{pool}/return", {"lease": held["lease"]}).body == {"returned": True}
+    grant = receiver.wait(path)
+
+    assert grant.headers["authorization"] == "Bearer s3cr3t"
+    assert grant.headers["content-type"].startswith("application/json")
+    assert set(grant.body) == GRANT_FIELDS
+    assert grant.body["ticket"] == 0 and grant.body["position"] == 0
+    assert grant.body["fence"] > held["fence"]
+    assert 0 < grant.body["expires_in"] <= 30
+    assert grant.body["expires_at_unix"] <= returned + 31
+    # The dispatcher records the delivery once the receiver has answered.
+    delivered = eventually(
+        lambda: (t := ticket(stack, pool, lease))["state"] == "delivered" and t, "the ticket reads delivered"
+    )
+    assert {k: delivered[k] for k in ("ticket", "position", "fence", "expires_at_unix")} == {
+        k: grant.body[k] for k in ("ticket", "position", "fence", "expires_at_unix")
+    }
+    assert stack.stats()["functions"]["DispatcherFunction"]["invocations"] > dispatcher
+    # Issue #25: given cargo-lambda's deadline (600000, a timeout), every round "had no time"
+    # and re-armed a wake at once instead of delivering. With its real deadline (120 s) it
+    # delivers in the invocation that granted: no wake of the pool was sent for now.
+    wakes = stack.wake_messages(pool)
+    assert wakes and all(m["wake"]["at"] > m["sent_timestamp"] for m in wakes), wakes
+    assert stack.source("StreamSource")["batches_invoked"] > batches
+    # The grant is a lease like a borrow's: returning it frees the slot.
+    assert stack.api("POST", f"/l/{pool}/return", {"lease": lease}).body == {"returned": True}
+    assert stack.api("GET", f"/l/{pool}").body["available"] == 1
+    assert len(receiver.received(path)) == 1
+
+
+def test_a_cancelled_ticket_is_never_granted(stack: Stack, receiver: Receiver) -> None:
+    pool, held = held_pool(stack, ttl=60)
+    cancelled, cancelled_path = enqueue(stack, receiver, pool, "first")
+    answer = stack.api("POST", f"/l/{pool}/cancel", {"lease": cancelled})
+    assert answer.status == 200 and answer.body["state"] == "cancelled", answer.body
+    assert ticket(stack, pool, cancelled)["state"] == "cancelled"
+    # Idempotent.
+    assert stack.api("POST", f"/l/{pool}/cancel", {"lease": cancelled}).body["state"] == "cancelled"
+    # A second ticket behind it: its grant shows the line moved past the cancelled one,
+    # with no wait for a grant that must not come.
+    second, second_path = enqueue(stack, receiver, pool, "second")
+    stack.api("POST", f"/l/{pool}/return", {"lease": held["lease"]})
+    grant = receiver.wait(second_path)
+    assert grant.headers["authorization"] == "Bearer second"
+    assert receiver.received(cancelled_path) == []
+    assert ticket(stack, pool, cancelled)["state"] == "cancelled"
+    assert grant.body["ticket"] == ticket(stack, pool, second)["ticket"] == 1
+    assert stack.api("POST", f"/l/{pool}/cancel", {"lease": str(uuid.uuid4())}).status == 404
+
+
+def test_a_lease_expiry_wakes_the_dispatcher_through_the_queue(stack: Stack, receiver: Receiver) -> None:
+    # A lease that ends by expiry writes nothing to the table, so no stream record tells
+    # of it: only the wake the dispatcher sent to the queue, delayed until then, can.
+    ttl = 2.0
+    borrowed = time.time()
+    pool, held = held_pool(stack, ttl=ttl)
+    queue = stack.source("QueueSource")
+    lease, path = enqueue(stack, receiver, pool, "woken")
+
+    grant = receiver.wait(path, timeout=ttl + 15)
+    assert grant.at >= borrowed + ttl, "granted before the lease expired"
+    assert grant.headers["authorization"] == "Bearer woken"
+    assert grant.body["fence"] > held["fence"]
+    # The wake: sent with its delay (a whole second at least: never early), then received
+    # from the queue and handed to the dispatcher.
+    wakes = stack.wake_messages(pool)
+    assert wakes, "no wake was sent to the queue"
+    assert any(m["delayed_until"] - m["sent_timestamp"] >= 1000 for m in wakes), wakes
+    after = stack.source("QueueSource")
+    assert after["messages_received"] > queue["messages_received"]
+    assert after["batches_invoked"] > queue["batches_invoked"]
+    eventually(lambda: ticket(stack, pool, lease)["state"] == "delivered", "the ticket reads delivered")
+    # Deleted once the invocation that delivered ended well (its grant came before).
+    eventually(
+        lambda: stack.source("QueueSource")["messages_deleted"] > queue["messages_deleted"],
+        "the wake deleted from the queue",
+    )
