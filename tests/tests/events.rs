@@ -356,34 +356,50 @@ async fn fallback_answers_unmatched_requests_with_json() {
     }
 }
 
-/// `GET /openapi.json` has no route in the template, so `$default` serves it.
+/// `GET /openapi.json` and `GET /health` have no route in the template, so
+/// `$default` serves them (and HEAD, with no body).
 #[tokio::test]
 async fn fallback_serves_the_openapi_document() {
-    for (method, status, allow) in [("GET", 200, None), ("POST", 405, Some("GET"))] {
+    let cases = [
+        ("GET", "/openapi.json", 200, None),
+        ("HEAD", "/openapi.json", 200, None),
+        ("POST", "/openapi.json", 405, Some("GET, HEAD")),
+        ("GET", "/health", 200, None),
+        ("HEAD", "/health", 200, None),
+        ("DELETE", "/health", 405, Some("GET, HEAD")),
+    ];
+    for (method, path, status, allow) in cases {
         let mut event = read_event("inspect.json");
         event["routeKey"] = json!("$default");
-        event["rawPath"] = json!("/openapi.json");
+        event["rawPath"] = json!(path);
         event["requestContext"]["http"]["method"] = json!(method);
-        event["requestContext"]["http"]["path"] = json!("/openapi.json");
+        event["requestContext"]["http"]["path"] = json!(path);
         event.as_object_mut().unwrap().remove("pathParameters");
         let request = lambda_http::request::from_str(&event.to_string()).unwrap();
         let response = lambda::fallback(request).await.unwrap();
-        assert_eq!(response.status().as_u16(), status, "{method}");
+        assert_eq!(response.status().as_u16(), status, "{method} {path}");
         assert_eq!(response.headers()["content-type"], "application/json");
         let got_allow = response
             .headers()
             .get("allow")
             .map(|v| v.to_str().unwrap().to_string());
-        assert_eq!(got_allow.as_deref(), allow);
+        assert_eq!(got_allow.as_deref(), allow, "{method} {path}");
+        if method == "HEAD" {
+            // GET's status and headers, no body.
+            assert!(matches!(response.body(), Body::Empty), "{method} {path}");
+            continue;
+        }
         let Body::Text(text) = response.body() else {
             panic!("non-text body")
         };
         let body: Value = serde_json::from_str(text).unwrap();
-        if status == 200 {
-            assert_eq!(body["openapi"], "3.1.0");
-            assert!(body["paths"]["/l/{id}/borrow"]["post"].is_object());
-        } else {
-            assert!(body["error"].is_string());
+        match (status, path) {
+            (200, "/health") => assert_eq!(body, json!({"status": "ok"})),
+            (200, _) => {
+                assert_eq!(body["openapi"], "3.1.0");
+                assert!(body["paths"]["/l/{id}/borrow"]["post"].is_object());
+            }
+            _ => assert!(body["error"].is_string()),
         }
     }
 }

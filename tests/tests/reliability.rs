@@ -94,6 +94,7 @@ on_both_stores!(
     unknown_outcomes_never_strand_a_slot,
     a_store_that_never_answers_gets_502_in_time,
     endless_lost_races_are_a_502_that_says_so,
+    a_put_racing_a_delete_creates_the_pool_again,
 );
 
 /// Every write of a borrow, a wait, a return and a register lands but its
@@ -249,6 +250,50 @@ async fn endless_lost_races_are_a_502_that_says_so(backend: Backend) {
     let message = response.body["error"].as_str().unwrap();
     assert!(message.contains("contention"), "{message}");
     assert!(started.elapsed() < Duration::from_millis(800));
+}
+
+/// Loses the resizes of a pool, and deletes it just after losing the third
+/// (another caller's delete, landed before the loser reads the pool again).
+struct ResizedThenDeleted {
+    inner: Arc<dyn PoolStore>,
+    lost: AtomicUsize,
+}
+
+#[async_trait]
+impl Around for ResizedThenDeleted {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
+    }
+    async fn update(&self, key: &PoolKey, _: u64, _: &Update) -> Result<Updated, StoreError> {
+        let now = self.inner.load(key).await?;
+        if self.lost.fetch_add(1, Ordering::SeqCst) == 2 {
+            // Gone by the time the loser reads the pool again.
+            self.inner.delete(key).await?;
+        }
+        Ok(now.map_or(Updated::Gone, Updated::Lost))
+    }
+}
+
+/// A PUT whose resize keeps losing to other writers while the pool is
+/// deleted creates the pool again: 404 is no answer to a PUT (the
+/// randomized checker found one on DynamoDB Local).
+async fn a_put_racing_a_delete_creates_the_pool_again(backend: Backend) {
+    let inner = backend.store().await;
+    let id = pool_id();
+    let (status, _) = ApiClient::new(inner.clone(), Limits::default())
+        .register(&id, 1)
+        .await;
+    assert_eq!(status, 200);
+    let store = ResizedThenDeleted {
+        inner: inner.clone(),
+        lost: AtomicUsize::new(0),
+    };
+    let api = ApiClient::new(Arc::new(Forward(store)), Limits::default());
+    let (status, body) = api.register(&id, 3).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["count"], 3, "{body}");
+    let (status, body) = ApiClient::new(inner, Limits::default()).inspect(&id).await;
+    assert_eq!((status, &body["count"]), (200, &Value::from(3)), "{body}");
 }
 
 /// A stored item that cannot be decoded is a server bug: 500 with a JSON

@@ -52,10 +52,15 @@ impl Service {
                         current = record;
                     }
                     Ok(Updated::Lost(record)) if record.incarnation == current.incarnation => {
-                        if ctx.lost(&mut lost).await? {
-                            current = ctx.load_existing(&key).await?;
-                        } else {
+                        if !ctx.lost(&mut lost).await? {
                             current = record;
+                            continue;
+                        }
+                        // Read afresh; deleted meanwhile, a PUT creates it
+                        // again (never a 404: that is no answer to a PUT).
+                        match ctx.load(&key).await? {
+                            Some(now) if now.incarnation == current.incarnation => current = now,
+                            _ => break,
                         }
                     }
                     Ok(Updated::Lost(_) | Updated::Gone) => break,
