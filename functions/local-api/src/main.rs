@@ -176,9 +176,10 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot listen on {wanted}: {e}"))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    // Ctrl-C and SIGTERM are caught from before the line that says the
+    // server is up: one sent as soon as it is read must stop it cleanly.
+    let shutdown = shutdown_signal()?;
     println!("local-api listening on http://{addr} ({described})");
-
-    let shutdown = shutdown_signal();
     tokio::pin!(shutdown);
     let settings = Arc::new(Settings {
         log_format: args.log_format.into(),
@@ -229,25 +230,27 @@ async fn serve_connection(mut stream: TcpStream, service: Arc<Service>, settings
         .await;
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = ctrl_c.await;
-                    return;
-                }
-            };
+/// Ctrl-C or SIGTERM, whichever comes first. The handlers are installed
+/// here, at once, not when the future is first polled.
+#[cfg(unix)]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let install = |kind| signal(kind).map_err(|e| format!("cannot catch signals: {e}"));
+    let mut interrupt = install(SignalKind::interrupt())?;
+    let mut terminate = install(SignalKind::terminate())?;
+    Ok(async move {
         tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> Result<impl std::future::Future<Output = ()>, String> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
 }
 
 /// What every request of the server is served with.
