@@ -50,22 +50,20 @@ def _glob(pattern: str, value: str, *, fold: bool) -> bool:
     return re.match(regex, value, re.DOTALL) is not None
 
 
+def _names(statement: JsonObject, element: str, value: str, *, fold: bool) -> bool:
+    """Whether the statement's `element` (Action, Resource) covers `value`, or its
+    `Not…` twin leaves it out; a statement with neither covers nothing."""
+    if element in statement:
+        return any(_glob(p, value, fold=fold) for p in _listed(statement[element]))
+    if f"Not{element}" in statement:
+        return not any(_glob(p, value, fold=fold) for p in _listed(statement[f"Not{element}"]))
+    return False
+
+
 def _applies(statement: JsonObject, check: Check) -> bool:
-    if "Action" in statement:
-        if not any(_glob(a, check.action, fold=True) for a in _listed(statement["Action"])):
-            return False
-    elif "NotAction" in statement:
-        if any(_glob(a, check.action, fold=True) for a in _listed(statement["NotAction"])):
-            return False
-    else:
+    if not _names(statement, "Action", check.action, fold=True):
         return False
-    if "Resource" in statement:
-        if not any(_glob(r, check.resource, fold=False) for r in _listed(statement["Resource"])):
-            return False
-    elif "NotResource" in statement:
-        if any(_glob(r, check.resource, fold=False) for r in _listed(statement["NotResource"])):
-            return False
-    else:
+    if not _names(statement, "Resource", check.resource, fold=False):
         return False
     return all(
         _condition(operator, key, _listed(values), check.context.get(key))
