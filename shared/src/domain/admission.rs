@@ -147,6 +147,16 @@ impl Pool {
         })
     }
 
+    /// Whether this pool, written from `before`, holds a grant to a listed
+    /// async ticket that `before` did not: the write handed it a slot, and
+    /// its delivery can start at once.
+    pub fn granted_async_since(&self, before: &Pool) -> bool {
+        self.line.listed.iter().any(|(digest, _)| {
+            self.lease_of(*digest)
+                .is_some_and(|now| before.lease_of(*digest).map(|l| l.fence) != Some(now.fence))
+        })
+    }
+
     /// Unlists an async ticket (its grant recorded, or it left the queue),
     /// conditioned on its listing.
     pub fn plan_unlist(&self, digest: LeaseDigest) -> Option<Update> {
@@ -209,8 +219,12 @@ mod tests {
         );
         assert!(!pool.line().has_backlog());
         // A return hands the slot to the first admitted ticket, the async one.
+        let admitted_before_return = pool.clone();
+        assert!(!admitted_before_return.granted_async_since(&Pool::new(1, 0)));
         assert!(give_back(&mut pool, 1, now));
         assert_eq!(pool.grant_of(&h(2, 1_000)).map(|l| l.position), Some(0));
+        assert!(pool.granted_async_since(&admitted_before_return));
+        assert!(!pool.granted_async_since(&pool), "nothing new");
         let unlist = pool.plan_unlist(d(2)).expect("listed");
         pool = pool.apply(&unlist).expect("holds");
         assert_eq!(pool.listed_number(d(2)), None);

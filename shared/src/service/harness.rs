@@ -10,7 +10,7 @@ use crate::keys::PoolKey;
 use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
 use semaphore_wire::Backoff;
 
-use super::{Service, Timing, Watch};
+use super::{OnAsyncGrant, Service, Timing, Watch};
 
 /// What one request cost, for its log line and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -48,6 +48,7 @@ pub(super) struct Harness<'a> {
     pub(super) store: &'a dyn PoolStore,
     pub(super) tickets: Option<&'a dyn TicketStore>,
     pub(super) watch: Option<&'a Watch>,
+    pub(super) on_async_grant: Option<&'a dyn OnAsyncGrant>,
     pub(super) timing: Timing,
     pub(super) answer_by: Instant,
     pub(super) stats: &'a mut Stats,
@@ -67,6 +68,7 @@ impl Service {
             store: self.store.as_ref(),
             tickets: self.tickets.as_deref(),
             watch: self.watch.as_ref(),
+            on_async_grant: self.on_async_grant.as_deref(),
             timing: self.timing,
             answer_by,
             stats: &mut call.stats,
@@ -136,7 +138,14 @@ impl Harness<'_> {
         match &result {
             Ok(Updated::Lost(_)) => self.stats.conflicts += 1,
             // As the stream's filter passes writes to the dispatcher.
-            Ok(Updated::Written(record)) if record.pool.line().active => self.changed(key),
+            Ok(Updated::Written(record)) if record.pool.line().active => {
+                self.changed(key);
+                if let Some(hook) = self.on_async_grant {
+                    if record.pool.granted_async_since(&read.pool) {
+                        hook.granted(key).await;
+                    }
+                }
+            }
             _ => {}
         }
         result

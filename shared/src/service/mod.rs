@@ -37,12 +37,23 @@ pub struct Service {
     /// Told of every write that leaves a pool with async tickets or a
     /// backlog: an in-process dispatcher's stand-in for the table's stream.
     watch: Option<Watch>,
+    /// Told when a write hands a slot to an async ticket (in AWS: a wake for
+    /// the dispatcher without delay, ahead of the table's stream).
+    on_async_grant: Option<Arc<dyn OnAsyncGrant>>,
     limits: Limits,
     timing: Timing,
 }
 
 /// Hears which pool changed (see [`Service::with_watch`]).
 pub type Watch = Arc<dyn Fn(PoolKey) + Send + Sync>;
+
+/// Hears, before the request answers, that one of its writes handed a slot
+/// to an async ticket (see [`Service::with_on_async_grant`]). Failures are
+/// its own to log: the table's stream delivers the grant all the same.
+#[async_trait::async_trait]
+pub trait OnAsyncGrant: Send + Sync {
+    async fn granted(&self, key: &PoolKey);
+}
 
 impl Service {
     pub fn new(store: Arc<dyn PoolStore>, limits: Limits) -> Self {
@@ -51,6 +62,7 @@ impl Service {
             tickets: None,
             callbacks: CallbackPolicy::default(),
             watch: None,
+            on_async_grant: None,
             limits,
             timing: Timing::default(),
         }
@@ -72,6 +84,15 @@ impl Service {
     /// stream, filtered the same way, invokes the dispatcher).
     pub fn with_watch(mut self, watch: Watch) -> Self {
         self.watch = Some(watch);
+        self
+    }
+
+    /// Calls `hook` after each write of a request that hands a slot to an
+    /// async ticket (a return, a resize, a waiter serving the queue's head),
+    /// so that the delivery starts at once; the table's stream stays the
+    /// backstop that makes sure no grant is lost.
+    pub fn with_on_async_grant(mut self, hook: Arc<dyn OnAsyncGrant>) -> Self {
+        self.on_async_grant = Some(hook);
         self
     }
 
