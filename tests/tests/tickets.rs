@@ -4,7 +4,7 @@
 
 use semaphore::clock::now_ms;
 use semaphore::domain::{
-    Callback, Holder, LeaseDigest, Pool, TicketGrant, TicketItem, TicketState,
+    Callback, DeliveryClaim, Holder, LeaseDigest, Pool, TicketGrant, TicketItem, TicketState,
 };
 use semaphore::keys::PoolKey;
 use semaphore::store::{PutTicket, Record, StoreErrorKind, TicketUpdated};
@@ -14,7 +14,7 @@ on_both_stores!(
     a_lease_id_has_one_ticket,
     the_backlog_reads_in_ticket_order,
     a_ticket_ends_exactly_once,
-    attempts_are_counted_while_granted,
+    one_delivery_claim_at_a_time,
     deleting_tickets_leaves_the_pool_item,
 );
 
@@ -43,6 +43,7 @@ fn ticket(number: u64) -> TicketItem {
         }),
         state: TicketState::Waiting,
         attempts: 0,
+        claim: None,
     }
 }
 
@@ -228,19 +229,61 @@ async fn a_ticket_ends_exactly_once(backend: Backend) {
     }
 }
 
-async fn attempts_are_counted_while_granted(backend: Backend) {
+/// The delivery claim: one attempt in flight per ticket across dispatchers.
+/// Taken only while the ticket holds that grant, refused while another's
+/// claim is live, renewed by its holder, taken over once it lapsed; every
+/// claim counts an attempt.
+async fn one_delivery_claim_at_a_time(backend: Backend) {
     let (_, tickets) = backend.stores().await;
     let pool = key();
     let t = ticket(1);
+    let now = now_ms();
+    let (a, b) = (
+        |until_ms| DeliveryClaim { by: 1, until_ms },
+        |until_ms| DeliveryClaim { by: 2, until_ms },
+    );
+    let digest = t.digest();
+    let claim = |claim: DeliveryClaim, fence: u64, at: u64| {
+        let tickets = tickets.clone();
+        async move {
+            match tickets
+                .claim_attempt(&pool, digest, fence, claim, at)
+                .await
+                .expect("claim")
+            {
+                TicketUpdated::Written(item) => {
+                    assert_eq!(item.claim, Some(claim));
+                    Some(item.attempts)
+                }
+                TicketUpdated::Lost(_) | TicketUpdated::Gone => None,
+            }
+        }
+    };
+    let g = grant();
+    assert_eq!(claim(a(now + 7_000), g.fence, now).await, None, "no item");
     tickets.put_ticket(&pool, &t).await.expect("put");
-    assert_eq!(tickets.count_attempt(&pool, t.digest()).await, Ok(None));
-    let granted = TicketState::Granted(grant());
+    assert_eq!(
+        claim(a(now + 7_000), g.fence, now).await,
+        None,
+        "not granted"
+    );
+    let granted = TicketState::Granted(g);
     tickets
         .set_ticket_state(&pool, t.digest(), &TicketState::Waiting, &granted)
         .await
         .expect("grant");
-    assert_eq!(tickets.count_attempt(&pool, t.digest()).await, Ok(Some(1)));
-    assert_eq!(tickets.count_attempt(&pool, t.digest()).await, Ok(Some(2)));
+    assert_eq!(
+        claim(a(now + 7_000), g.fence + 1, now).await,
+        None,
+        "another grant"
+    );
+    assert_eq!(claim(a(now + 7_000), g.fence, now).await, Some(1));
+    // Concurrent claimers: only the holder's renewal lands while it is live.
+    assert_eq!(claim(b(now + 9_000), g.fence, now + 6_999).await, None);
+    assert_eq!(claim(a(now + 14_000), g.fence, now + 6_999).await, Some(2));
+    // Lapsed: another dispatcher takes it over, and the first is out.
+    assert_eq!(claim(b(now + 21_000), g.fence, now + 14_000).await, Some(3));
+    assert_eq!(claim(a(now + 21_000), g.fence, now + 14_001).await, None);
     let failed = TicketState::Failed {
         reason: "the receiver answered HTTP 410".into(),
     };
@@ -248,10 +291,13 @@ async fn attempts_are_counted_while_granted(backend: Backend) {
         .set_ticket_state(&pool, t.digest(), &granted, &failed)
         .await
         .expect("fail");
-    assert_eq!(tickets.count_attempt(&pool, t.digest()).await, Ok(None));
+    assert_eq!(
+        claim(b(now + 28_000), g.fence, now + 21_000).await,
+        None,
+        "ended"
+    );
     let read = tickets.ticket(&pool, t.digest()).await.expect("read");
-    assert_eq!(read.map(|t| (t.attempts, t.state)), Some((2, failed)));
-    assert_eq!(tickets.count_attempt(&pool, digest()).await, Ok(None));
+    assert_eq!(read.map(|t| (t.attempts, t.state)), Some((3, failed)));
 }
 
 async fn deleting_tickets_leaves_the_pool_item(backend: Backend) {

@@ -44,6 +44,7 @@ pub enum Attempt {
 pub struct Caller {
     http: reqwest::Client,
     policy: CallbackPolicy,
+    timeout: Duration,
 }
 
 impl Caller {
@@ -57,11 +58,20 @@ impl Caller {
             .timeout(timeout)
             .connect_timeout(timeout.min(Duration::from_secs(3)))
             .build()?;
-        Ok(Caller { http, policy })
+        Ok(Caller {
+            http,
+            policy,
+            timeout,
+        })
     }
 
     pub fn policy(&self) -> CallbackPolicy {
         self.policy
+    }
+
+    /// The longest one attempt takes.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
     }
 
     /// POSTs `body` (JSON) to `url` with `Authorization: Bearer <token>`.

@@ -9,15 +9,19 @@ use semaphore_wire::{Backoff, Delivery, Jitter, Seconds};
 
 use super::{Attempt, Caller};
 use crate::clock::now_ms;
-use crate::domain::{LeaseDigest, TicketGrant, TicketItem};
+use crate::domain::{DeliveryClaim, LeaseDigest, TicketGrant, TicketItem};
 use crate::keys::PoolKey;
 use crate::metrics::{AsyncLog, LogFormat, PoolKeyPrefix};
-use crate::service::{Budget, Service, Step, ToDeliver};
+use crate::service::{Begin, Budget, Service, Step, ToDeliver};
 use crate::Error;
 
 /// Longest a grant may go undelivered: then its lease is returned and the
 /// ticket fails (a receiver that stays down must not hold a slot longer).
 pub const DELIVERY_BOUND: Duration = Duration::from_secs(60);
+
+/// What a delivery claim covers beyond its attempt and the pause after it:
+/// clocks that differ a little between servers.
+const CLAIM_MARGIN: Duration = Duration::from_secs(2);
 
 pub struct Dispatcher {
     service: Arc<Service>,
@@ -127,6 +131,8 @@ impl Dispatcher {
                 .granted_ms
                 .saturating_add(self.bound.as_millis() as u64),
         );
+        // This delivery's claim on the ticket: renewed before each attempt.
+        let by = fastrand::u64(..);
         let mut last = String::from("no attempt");
         let mut attempt = 0u32;
         let mut made = 0u32;
@@ -138,6 +144,40 @@ impl Dispatcher {
                     until.saturating_sub(grant.granted_ms).div_ceil(1000)
                 ));
             }
+            let nap = self.retry.pause(attempt);
+            // The claim covers the attempt and the pause after it, so that
+            // no other dispatcher starts one meanwhile; a little more for
+            // clocks that differ between servers.
+            let claim = DeliveryClaim {
+                by,
+                until_ms: now + (self.caller.timeout() + nap + CLAIM_MARGIN).as_millis() as u64,
+            };
+            // The step that handed it out has just read the pool; before a
+            // later attempt, make sure its lease is still held.
+            match self
+                .service
+                .begin_attempt(&key, item, grant, claim, made > 0)
+                .await
+            {
+                Ok(Begin::Go) => {}
+                // Another dispatcher's, or it ended meanwhile: nothing to record.
+                Ok(Begin::NotOurs) => return,
+                Ok(Begin::Ended(reason)) => {
+                    self.log_delivery(&key, item, false, made);
+                    tracing::info!(pool = %prefix(&key), reason = %reason, "a grant not delivered");
+                    return;
+                }
+                Err(err) => {
+                    // No claim, no attempt: try again after the pause.
+                    last = format!("the ticket could not be claimed: {err}");
+                    attempt += 1;
+                    tokio::time::sleep(
+                        nap.min(Duration::from_millis(until.saturating_sub(now_ms()))),
+                    )
+                    .await;
+                    continue;
+                }
+            }
             let body = Delivery {
                 ticket: item.number,
                 position: grant.position.into(),
@@ -145,11 +185,6 @@ impl Dispatcher {
                 expires_at_unix: grant.expires_at_ms / 1000,
                 expires_in: Seconds::from_millis(grant.expires_at_ms.saturating_sub(now).max(1)),
             };
-            // The first attempt is implied by `granted`: only retries are
-            // counted on the ticket (one write fewer per delivery).
-            if made > 0 {
-                let _ = self.service.count_attempt(&key, item).await;
-            }
             made += 1;
             let sent = tokio::time::timeout(
                 Duration::from_millis(until.saturating_sub(now)),
@@ -166,20 +201,11 @@ impl Dispatcher {
                 Attempt::Failed(reason) => break Err(reason),
                 Attempt::Retry(reason) => last = reason,
             }
-            let nap = self
-                .retry
-                .pause(attempt)
-                .min(Duration::from_millis(until.saturating_sub(now_ms())));
             attempt += 1;
-            tokio::time::sleep(nap).await;
+            tokio::time::sleep(nap.min(Duration::from_millis(until.saturating_sub(now_ms()))))
+                .await;
         };
-        AsyncLog::Delivery {
-            pool: prefix(&key),
-            delivered: outcome.is_ok(),
-            attempts: made,
-            since_enqueue: Duration::from_millis(now_ms().saturating_sub(item.joined_ms)),
-        }
-        .emit(self.log);
+        self.log_delivery(&key, item, outcome.is_ok(), made);
         let ended = self
             .service
             .delivery_ended(&key, item, grant, outcome, &mut Budget::new(None))
@@ -187,6 +213,16 @@ impl Dispatcher {
         if let Err(err) = ended {
             tracing::warn!(error = %err, "a delivery's outcome was not recorded");
         }
+    }
+
+    fn log_delivery(&self, key: &PoolKey, item: &TicketItem, delivered: bool, attempts: u32) {
+        AsyncLog::Delivery {
+            pool: prefix(key),
+            delivered,
+            attempts,
+            since_enqueue: Duration::from_millis(now_ms().saturating_sub(item.joined_ms)),
+        }
+        .emit(self.log);
     }
 }
 

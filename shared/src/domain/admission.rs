@@ -1,7 +1,7 @@
 //! Async mode's line: ticket numbers, admission from the backlog,
 //! listing, settling.
 
-use super::{Change, Expect, Holder, Lease, LeaseDigest, Pool, Ticket, TicketItem, Update};
+use super::{Change, Expect, GiveUp, Holder, Lease, LeaseDigest, Pool, Ticket, TicketItem, Update};
 
 /// Most backlog tickets one admission appends (the expression limit again).
 pub const MAX_ADMITS: usize = 16;
@@ -117,9 +117,15 @@ impl Pool {
         }
         for item in admitted {
             update.expect.push(Expect::NotQueued(item.holder));
+            // A sync borrower reads for itself (and holds its place a grace
+            // longer); an async ticket is never granted past its wait.
+            let give_up = match item.callback {
+                Some(_) => GiveUp::Exact(item.wait_until_ms),
+                None => GiveUp::Seconds(item.wait_until_ms.div_ceil(1000)),
+            };
             update.changes.push(Change::Append(Ticket {
                 holder: item.holder,
-                give_up_s: item.wait_until_ms.div_ceil(1000),
+                give_up,
             }));
             if item.callback.is_some() {
                 update

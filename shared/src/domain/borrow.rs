@@ -1,6 +1,6 @@
 //! A newcomer's borrow: take a free slot, join the queue, or be refused.
 
-use super::{Change, Expect, Holder, Lease, Pool, Ticket, Update, MAX_PRUNE};
+use super::{Change, Expect, GiveUp, Holder, Lease, Pool, Ticket, Update, MAX_PRUNE};
 
 /// What a borrower can do with the pool as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -178,7 +178,7 @@ impl Pool {
         }
         update.changes.push(Change::Append(Ticket {
             holder,
-            give_up_s: give_up_ms.div_ceil(1000),
+            give_up: GiveUp::Seconds(give_up_ms.div_ceil(1000)),
         }));
         BorrowPlan::Join(update)
     }

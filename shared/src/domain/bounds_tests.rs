@@ -200,6 +200,7 @@ proptest! {
                         }),
                         state: TicketState::Waiting,
                         attempts: 0,
+                        claim: None,
                     });
                     pool = next;
                 }

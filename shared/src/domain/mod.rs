@@ -47,11 +47,12 @@ pub use borrow::BorrowPlan;
 pub use pieces::MAX_PRUNE;
 pub use pool::{Pool, MAX_COUNT};
 pub use return_lease::{ReturnPlan, GIVEN_UP_MS, MAX_GIVEN_UP};
-pub use ticket::{Callback, TicketGrant, TicketItem, TicketState};
+pub use ticket::{Callback, DeliveryClaim, TicketGrant, TicketItem, TicketState};
 pub use ticket_step::TicketStep;
 pub use types::{
-    by_position, AsyncLine, Ended, GivenUp, Holder, Inconsistent, Lease, LeaseDigest, PoolState,
-    Sizing, Slot, Stamp, Ticket, ENDED_KEEP_MS, ENDED_RING, SHORT_GRANT_MS, TICKET_GRACE_MS,
+    by_position, AsyncLine, Ended, GiveUp, GivenUp, Holder, Inconsistent, Lease, LeaseDigest,
+    PoolState, Sizing, Slot, Stamp, Ticket, ENDED_KEEP_MS, ENDED_RING, SHORT_GRANT_MS,
+    TICKET_GRACE_MS,
 };
 pub use update::{Change, ConditionFailed, Expect, Update};
 pub use wait::{WaitPlan, MAX_HAND_OFFS};

@@ -72,6 +72,7 @@ pub(super) fn backlog_item(n: u8, number: u64, joined_ms: u64, callback: bool) -
         }),
         state: TicketState::Waiting,
         attempts: 0,
+        claim: None,
     }
 }
 

@@ -30,6 +30,17 @@ pub struct TicketGrant {
     pub expires_at_ms: u64,
 }
 
+/// One dispatcher's claim on a granted ticket's delivery: nobody else starts
+/// an attempt before `until_ms`, so that at most one attempt is in flight per
+/// ticket across every dispatcher. Taken (and renewed) before each attempt by
+/// a conditional write; it covers the attempt and the pause after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeliveryClaim {
+    /// Who claims: one delivery's random id.
+    pub by: u64,
+    pub until_ms: u64,
+}
+
 /// Where a ticket is in its life. Each state is entered at most once, in
 /// the order [`TicketState::may_become`] allows, and a final one never
 /// changes: every ticket ends exactly once.
@@ -117,11 +128,28 @@ pub struct TicketItem {
     pub state: TicketState,
     /// Delivery attempts so far.
     pub attempts: u32,
+    /// The latest claim on its delivery (see [`DeliveryClaim`]).
+    pub claim: Option<DeliveryClaim>,
 }
 
 impl TicketItem {
     pub fn digest(&self) -> LeaseDigest {
         self.holder.digest
+    }
+
+    /// Whether a delivery attempt may be under way at `now_ms` by someone
+    /// other than `by`.
+    pub fn claimed_by_another(&self, by: u64, now_ms: u64) -> bool {
+        self.claim
+            .is_some_and(|c| c.by != by && now_ms < c.until_ms)
+    }
+
+    /// Whether `claim` may be taken at `now_ms` for an attempt to deliver
+    /// the grant of `fence`: still that grant, undelivered, and no live
+    /// claim of another's.
+    pub fn may_claim(&self, fence: u64, claim: DeliveryClaim, now_ms: u64) -> bool {
+        matches!(self.state, TicketState::Granted(g) if g.fence == fence)
+            && !self.claimed_by_another(claim.by, now_ms)
     }
 
     /// Whether it still waits for a slot at `now_ms`.

@@ -1,7 +1,7 @@
 //! What the dispatcher does with one listed async ticket, decided from its item and the pool
 //! as read: the per-ticket table of the dispatcher's step (`service::async_mode::step` makes
 //! the writes it names).
-use super::{LeaseDigest, Pool, TicketGrant, TicketItem, TicketState, TICKET_GRACE_MS};
+use super::{Lease, LeaseDigest, Pool, TicketGrant, TicketItem, TicketState, TICKET_GRACE_MS};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TicketStep {
@@ -10,14 +10,23 @@ pub enum TicketStep {
     ReturnThenUnlist,
     /// Ended: no longer the pool's business. Unlist.
     Unlist,
-    /// Granted, not yet delivered (under way, or cut short by a crash): deliver again.
+    /// Granted, not yet delivered, and nobody's attempt under way (a delivery
+    /// cut short by a crash, or handed on): deliver again.
     Redeliver(TicketGrant),
+    /// Granted, and a dispatcher's claim on its delivery is live until then:
+    /// leave it to that dispatcher (look again once the claim lapses).
+    Claimed { until_ms: u64 },
+    /// Granted, but its lease ended undelivered (returned by its lease id,
+    /// or expired): end it `failed` for this reason, unlist. No attempt
+    /// starts for a lease nobody holds.
+    Fail(String),
     /// A slot was handed to it: record the grant and deliver. If the ticket moved first
     /// (cancelled, expired), return the slot when `live`; unlist once the ticket is final.
     Record { grant: TicketGrant, live: bool },
     /// Waits in the queue, its wait not over.
     Wait,
-    /// Its wait ended in the queue: end it `expired`, take ticket `index` out, unlist.
+    /// Its wait ended in the queue (or it ended there otherwise): end it
+    /// `expired` if it still waits, take ticket `index` out, unlist.
     Expire { index: usize },
     /// Left the queue ungranted (pruned, or its lease id returned): end it so, unlist.
     End(TicketState),
@@ -33,20 +42,51 @@ impl Pool {
         !(waits && self.lease_of(digest).is_none())
     }
 
+    /// Why the grant of a granted ticket can no longer be delivered, if so:
+    /// no attempt starts once its lease has ended.
+    pub fn undeliverable(
+        &self,
+        digest: LeaseDigest,
+        grant: &TicketGrant,
+        now_ms: u64,
+    ) -> Option<&'static str> {
+        if now_ms >= grant.expires_at_ms {
+            return Some("its lease expired before it was delivered");
+        }
+        let held = self
+            .lease_of(digest)
+            .is_some_and(|lease| lease.fence == grant.fence);
+        (!held).then_some("its lease was returned before it was delivered")
+    }
+
+    /// The grant handed to the ticket of `item` in this pool (not an older
+    /// one of its lease id: the grace covers clock skew), held or remembered.
+    pub fn grant_to(&self, item: &TicketItem) -> Option<Lease> {
+        self.grant_of(&item.holder)
+            .filter(|l| l.granted_ms.saturating_add(TICKET_GRACE_MS) >= item.joined_ms)
+    }
+
     /// What the dispatcher does with the listed ticket whose item is `item`, at `now_ms`.
     pub fn ticket_step(&self, item: &TicketItem, now_ms: u64) -> TicketStep {
         let queued = self.ticket_of(item.digest());
-        let grant = self
-            .grant_of(&item.holder)
-            .filter(|l| l.granted_ms.saturating_add(TICKET_GRACE_MS) >= item.joined_ms);
+        let grant = self.grant_to(item);
         match (&item.state, grant, queued) {
             (
                 TicketState::Cancelled | TicketState::Expired | TicketState::Failed { .. },
                 Some(lease),
                 _,
             ) if lease.is_live(now_ms) => TicketStep::ReturnThenUnlist,
+            (state, _, Some((index, _))) if state.is_final() => TicketStep::Expire { index },
             (state, ..) if state.is_final() => TicketStep::Unlist,
-            (TicketState::Granted(grant), ..) => TicketStep::Redeliver(*grant),
+            (TicketState::Granted(grant), ..) => match item.claim {
+                Some(claim) if now_ms < claim.until_ms => TicketStep::Claimed {
+                    until_ms: claim.until_ms,
+                },
+                _ => match self.undeliverable(item.digest(), grant, now_ms) {
+                    Some(reason) => TicketStep::Fail(reason.into()),
+                    None => TicketStep::Redeliver(*grant),
+                },
+            },
             (_, Some(lease), _) => TicketStep::Record {
                 grant: TicketGrant {
                     position: lease.position,
@@ -70,7 +110,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::{BorrowPlan, Callback, Holder, ReturnPlan};
+    use crate::domain::{BorrowPlan, Callback, DeliveryClaim, GiveUp, Holder, ReturnPlan};
 
     const NOW: u64 = 1_000_000;
     const WAIT_MS: u64 = 600_000;
@@ -96,6 +136,7 @@ mod tests {
             }),
             state,
             attempts: 0,
+            claim: None,
         }
     }
 
@@ -185,20 +226,57 @@ mod tests {
     }
 
     #[test]
-    fn a_granted_ticket_is_delivered_again() {
+    fn a_granted_ticket_is_delivered_again_unless_another_attempt_is_under_way() {
         let (pool, grant) = handed();
+        let granted = item(2, 0, TicketState::Granted(grant));
         assert_eq!(
-            pool.ticket_step(&item(2, 0, TicketState::Granted(grant)), NOW + 10),
+            pool.ticket_step(&granted, NOW + 10),
             TicketStep::Redeliver(grant)
         );
-        // Even once its slot has expired: delivery records its end.
+        // A dispatcher's claim is live: its delivery, not this step's.
+        let claimed = TicketItem {
+            claim: Some(DeliveryClaim {
+                by: 7,
+                until_ms: NOW + 500,
+            }),
+            ..granted.clone()
+        };
         assert_eq!(
-            pool.ticket_step(
-                &item(2, 0, TicketState::Granted(grant)),
-                grant.expires_at_ms + 1
-            ),
+            pool.ticket_step(&claimed, NOW + 10),
+            TicketStep::Claimed {
+                until_ms: NOW + 500
+            }
+        );
+        // Lapsed (its dispatcher died): delivered again.
+        assert_eq!(
+            pool.ticket_step(&claimed, NOW + 500),
             TicketStep::Redeliver(grant)
         );
+    }
+
+    #[test]
+    fn a_grant_whose_lease_ended_undelivered_fails_and_is_never_attempted() {
+        let (pool, grant) = handed();
+        let granted = item(2, 0, TicketState::Granted(grant));
+        // Its slot expired.
+        assert_eq!(
+            pool.ticket_step(&granted, grant.expires_at_ms),
+            TicketStep::Fail("its lease expired before it was delivered".into())
+        );
+        // Its lease id returned (by whoever holds the lease UUID).
+        let ReturnPlan::Return(_, update) = pool.plan_return(h(2).digest, NOW + 10) else {
+            panic!("ticket 2 holds the slot")
+        };
+        let returned = pool.apply(&update).unwrap();
+        assert_eq!(
+            returned.ticket_step(&granted, NOW + 20),
+            TicketStep::Fail("its lease was returned before it was delivered".into())
+        );
+        assert_eq!(
+            returned.undeliverable(h(2).digest, &grant, NOW + 20),
+            Some("its lease was returned before it was delivered")
+        );
+        assert_eq!(pool.undeliverable(h(2).digest, &grant, NOW + 20), None);
     }
 
     #[test]
@@ -224,6 +302,36 @@ mod tests {
     }
 
     #[test]
+    fn a_ticket_that_ended_in_the_queue_is_taken_out() {
+        // Read as expired at its deadline (`POST …/ticket`) before the step.
+        let pool = queued();
+        assert_eq!(
+            pool.ticket_step(&item(2, 0, TicketState::Expired), NOW + WAIT_MS),
+            TicketStep::Expire { index: 0 }
+        );
+    }
+
+    #[test]
+    fn an_async_ticket_is_never_handed_a_slot_at_its_deadline() {
+        let pool = queued();
+        let (_, ticket) = pool.ticket_of(h(2).digest).unwrap();
+        // Exact, with no grace: dead at its wait's end to the millisecond.
+        assert_eq!(ticket.give_up, GiveUp::Exact(NOW + WAIT_MS));
+        assert!(ticket.is_live(NOW + WAIT_MS - 1));
+        assert!(!ticket.is_live(NOW + WAIT_MS));
+        // Holder 1's lease has expired long before: its slot is free to hand on.
+        let deadline = NOW + WAIT_MS;
+        let served = |at: u64| {
+            pool.plan_serve(at)
+                .map(|update| pool.apply(&update).unwrap())
+                .and_then(|after| after.lease_of(h(2).digest))
+        };
+        assert_eq!(served(deadline), None, "not handed at its deadline");
+        let after = served(deadline - 1);
+        assert!(after.is_some(), "handed just before");
+    }
+
+    #[test]
     fn a_ticket_waiting_live_in_the_queue_waits_unread() {
         let pool = queued();
         assert!(!pool.listed_needs_read(h(2).digest, NOW));
@@ -237,7 +345,7 @@ mod tests {
     fn a_ticket_whose_wait_ended_in_the_queue_expires() {
         let pool = queued();
         let (_, ticket) = pool.ticket_of(h(2).digest).unwrap();
-        let dead = (ticket.give_up_s * 1000).saturating_add(TICKET_GRACE_MS);
+        let dead = ticket.give_up.dead_from_ms();
         assert!(pool.listed_needs_read(h(2).digest, dead));
         assert_eq!(
             pool.ticket_step(&item(2, 0, TicketState::Waiting), dead),

@@ -69,18 +69,39 @@ pub enum Slot {
 /// skew between servers and a cancel still in flight.
 pub const TICKET_GRACE_MS: u64 = 1000;
 
+/// When a queued ticket's owner stops waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GiveUp {
+    /// A borrower waiting in its own request: the Unix second its wait ends
+    /// (rounded up). It holds its place [`TICKET_GRACE_MS`] longer, since it
+    /// reads its grant itself and cancels its own ticket when it gives up.
+    Seconds(u64),
+    /// An async ticket: the Unix ms its wait ends. Nobody reads for it, so
+    /// no grace: it is never handed a slot at or after this instant.
+    Exact(u64),
+}
+
+impl GiveUp {
+    /// The first instant (Unix ms) its ticket is dead.
+    pub fn dead_from_ms(&self) -> u64 {
+        match *self {
+            GiveUp::Seconds(s) => s.saturating_mul(1000).saturating_add(TICKET_GRACE_MS),
+            GiveUp::Exact(ms) => ms,
+        }
+    }
+}
+
 /// A waiting borrower's place in the queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ticket {
     pub holder: Holder,
-    /// When its owner stops waiting, in whole Unix seconds (rounded up).
-    pub give_up_s: u64,
+    pub give_up: GiveUp,
 }
 
 impl Ticket {
     /// Whether its owner may still be waiting; a dead ticket holds no place.
     pub fn is_live(&self, now_ms: u64) -> bool {
-        now_ms < (self.give_up_s * 1000).saturating_add(TICKET_GRACE_MS)
+        now_ms < self.give_up.dead_from_ms()
     }
 }
 

@@ -95,17 +95,74 @@ enum Placed {
 
 impl Borrower {
     async fn run(&self, ctx: &mut Harness<'_>) -> Result<Grant, Error> {
+        // The number of the backlog ticket item this request wrote, if any.
+        let mut backlog = None;
+        let result = self.borrow(ctx, &mut backlog).await;
+        if let Some(number) = backlog {
+            self.end_backlog_ticket(ctx, number, result.is_ok()).await;
+        }
+        result
+    }
+
+    async fn borrow(
+        &self,
+        ctx: &mut Harness<'_>,
+        backlog: &mut Option<u64>,
+    ) -> Result<Grant, Error> {
         let record = ctx.load_existing(&self.key).await?;
         let incarnation = record.incarnation;
-        let (record, mine, joined_ms) = match self.place(ctx, record).await? {
+        let (record, mine, joined_ms) = match self.place(ctx, record, backlog).await? {
             Placed::Granted(lease, own) => return Ok(self.grant(&lease, now_ms(), own)),
             Placed::Queued(record, mine, joined_ms) => (record, mine, joined_ms),
         };
         self.wait(ctx, incarnation, record, mine, joined_ms).await
     }
 
+    /// A borrower that waited in the backlog leaves no live ticket behind,
+    /// whatever its answer: once admission has passed its number the item is
+    /// removed (so that a later borrow with the same lease id, such as the
+    /// client's next round of a long wait, can join again); before, it ends
+    /// `cancelled` or `expired`, so that admission steps over it at once (a
+    /// missing number would hold the backlog up for `GAP_MS`). Best effort:
+    /// an item left over is replaced by the next borrow of its lease id.
+    async fn end_backlog_ticket(&self, ctx: &mut Harness<'_>, number: u64, granted: bool) {
+        let Some(tickets) = ctx.tickets else {
+            return;
+        };
+        let passed = granted
+            || match ctx.load(&self.key).await {
+                Ok(Some(record)) => record.pool.line().admitted > number,
+                Ok(None) => true,
+                Err(_) => false,
+            };
+        if passed {
+            let _ = ctx
+                .call(tickets.delete_ticket(&self.key, self.holder.digest))
+                .await;
+            return;
+        }
+        let end = if now_ms() >= self.give_up_ms {
+            TicketState::Expired
+        } else {
+            TicketState::Cancelled
+        };
+        let _ = ctx
+            .call(tickets.set_ticket_state(
+                &self.key,
+                self.holder.digest,
+                &TicketState::Waiting,
+                &end,
+            ))
+            .await;
+    }
+
     /// Takes a free slot, or joins the queue.
-    async fn place(&self, ctx: &mut Harness<'_>, mut record: Record) -> Result<Placed, Error> {
+    async fn place(
+        &self,
+        ctx: &mut Harness<'_>,
+        mut record: Record,
+        backlog: &mut Option<u64>,
+    ) -> Result<Placed, Error> {
         let incarnation = record.incarnation;
         let mut lost = 0u32;
         // The grant times of the takes we tried: a lease of ours found with
@@ -143,7 +200,9 @@ impl Borrower {
                 // Given up before this request was seen, or no place to wait.
                 BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
                 BorrowPlan::Backlog if !may_wait => return Err(Error::Exhausted),
-                BorrowPlan::Backlog => return self.wait_in_backlog(ctx, incarnation).await,
+                BorrowPlan::Backlog => {
+                    return self.wait_in_backlog(ctx, incarnation, backlog).await
+                }
                 BorrowPlan::Prune(update) => {
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
                 }
@@ -293,11 +352,13 @@ impl Borrower {
         &self,
         ctx: &mut Harness<'_>,
         incarnation: u64,
+        backlog: &mut Option<u64>,
     ) -> Result<Placed, Error> {
         let Some(tickets) = ctx.tickets else {
             return Err(Error::Exhausted);
         };
         let (mut record, number, joined_ms) = self.join_backlog(ctx, tickets, incarnation).await?;
+        *backlog = Some(number);
         let mut round = 0u32;
         loop {
             if record.incarnation != incarnation {
@@ -365,6 +426,7 @@ impl Borrower {
             callback: None,
             state: TicketState::Waiting,
             attempts: 0,
+            claim: None,
         };
         let mut failures = 0u32;
         loop {
@@ -374,6 +436,17 @@ impl Borrower {
                     if existing.number == number && existing.incarnation == incarnation =>
                 {
                     break
+                }
+                // An earlier borrow's item of this lease id that admission
+                // has passed (left over: its request died before removing
+                // it), or one of a pool deleted since: not a ticket any more.
+                Ok(PutTicket::Exists(existing))
+                    if existing.callback.is_none()
+                        && (existing.incarnation != incarnation
+                            || existing.number < record.pool.line().admitted) =>
+                {
+                    ctx.call(tickets.delete_ticket(&self.key, self.holder.digest))
+                        .await?;
                 }
                 // This lease id has a ticket already (a twin request's, or
                 // an async one): not a second one.

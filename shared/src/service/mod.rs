@@ -23,7 +23,9 @@ mod register;
 mod return_lease;
 mod settings;
 
-pub use async_mode::{EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW};
+pub use async_mode::{
+    Begin, EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW,
+};
 pub use borrow::{BorrowRequest, Grant};
 pub use harness::{Budget, Stats};
 pub use settings::{Limits, Timing};

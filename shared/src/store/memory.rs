@@ -10,7 +10,7 @@ use super::{
     Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated, Updated,
     WakeStore,
 };
-use crate::domain::{LeaseDigest, TicketItem, TicketState, Update};
+use crate::domain::{DeliveryClaim, LeaseDigest, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
 
 #[derive(Default)]
@@ -194,20 +194,24 @@ impl TicketStore for MemoryStore {
         Ok(TicketUpdated::Written(ticket.clone()))
     }
 
-    async fn count_attempt(
+    async fn claim_attempt(
         &self,
         key: &PoolKey,
         digest: LeaseDigest,
-    ) -> Result<Option<u32>, StoreError> {
+        fence: u64,
+        claim: DeliveryClaim,
+        now_ms: u64,
+    ) -> Result<TicketUpdated, StoreError> {
         let mut tickets = self.tickets();
-        Ok(tickets
-            .get_mut(key)
-            .and_then(|pool| pool.get_mut(&digest))
-            .filter(|t| matches!(t.state, TicketState::Granted(_)))
-            .map(|t| {
-                t.attempts += 1;
-                t.attempts
-            }))
+        let Some(ticket) = tickets.get_mut(key).and_then(|pool| pool.get_mut(&digest)) else {
+            return Ok(TicketUpdated::Gone);
+        };
+        if !ticket.may_claim(fence, claim, now_ms) {
+            return Ok(TicketUpdated::Lost(ticket.clone()));
+        }
+        ticket.claim = Some(claim);
+        ticket.attempts += 1;
+        Ok(TicketUpdated::Written(ticket.clone()))
     }
 
     async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError> {

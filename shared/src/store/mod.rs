@@ -10,7 +10,7 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::domain::{LeaseDigest, Pool, TicketItem, TicketState, Update};
+use crate::domain::{DeliveryClaim, LeaseDigest, Pool, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
 
 pub mod dynamodb;
@@ -214,13 +214,18 @@ pub trait TicketStore: Send + Sync {
         to: &TicketState,
     ) -> Result<TicketUpdated, StoreError>;
 
-    /// Counts one more delivery attempt of a granted ticket; the count now,
-    /// or `None` when the ticket is not (or no longer) granted.
-    async fn count_attempt(
+    /// Claims the next delivery attempt of the ticket granted `fence` and
+    /// counts it, if [`TicketItem::may_claim`] at `now_ms` (conditioned on
+    /// exactly that): `Written` with the item after, else `Lost` with the
+    /// item as it is (another's claim is live, or it is no longer granted).
+    async fn claim_attempt(
         &self,
         key: &PoolKey,
         digest: LeaseDigest,
-    ) -> Result<Option<u32>, StoreError>;
+        fence: u64,
+        claim: DeliveryClaim,
+        now_ms: u64,
+    ) -> Result<TicketUpdated, StoreError>;
 
     /// Removes one ticket item (of a pool deleted since it was written).
     async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError>;

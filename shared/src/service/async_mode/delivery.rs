@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use crate::clock::now_ms;
-use crate::domain::{ReturnPlan, TicketGrant, TicketItem, TicketState};
+use crate::domain::{DeliveryClaim, ReturnPlan, TicketGrant, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::service::harness::write;
 use crate::service::{Budget, Service};
+use crate::store::TicketUpdated;
 
 impl Service {
     /// Records how a delivery ended: `delivered`, or `failed` with its
@@ -71,14 +72,65 @@ impl Service {
         }
     }
 
-    /// Counts a delivery attempt (for the ticket's status and metrics).
-    pub async fn count_attempt(&self, key: &PoolKey, item: &TicketItem) -> Result<u32, Error> {
+    /// Before a delivery attempt: takes the ticket's delivery claim for
+    /// `claim` (counting the attempt), so that no other dispatcher's attempt
+    /// runs at the same time. With `check_lease`, first reads the pool: once
+    /// the grant's lease was returned or expired (or its pool deleted), no
+    /// attempt starts and the ticket ends `failed`, saying why.
+    pub async fn begin_attempt(
+        &self,
+        key: &PoolKey,
+        item: &TicketItem,
+        grant: TicketGrant,
+        claim: DeliveryClaim,
+        check_lease: bool,
+    ) -> Result<Begin, Error> {
         let tickets = self.ticket_store()?;
         let mut call = Budget::default();
         let mut ctx = self.ctx(&mut call, Duration::ZERO);
-        Ok(ctx
-            .call(tickets.count_attempt(key, item.digest()))
-            .await?
-            .unwrap_or(item.attempts))
+        if check_lease {
+            let record = ctx.load(key).await?;
+            let gone = match record.filter(|r| r.incarnation == item.incarnation) {
+                Some(record) => record
+                    .pool
+                    .undeliverable(item.digest(), &grant, now_ms())
+                    .map(str::to_string),
+                None => Some("its pool was deleted".to_string()),
+            };
+            if let Some(reason) = gone {
+                let granted = TicketItem {
+                    state: TicketState::Granted(grant),
+                    ..item.clone()
+                };
+                let (ended, _) = self
+                    .move_ticket(&mut ctx, key, granted, TicketState::Failed { reason })
+                    .await?;
+                return Ok(match ended.state {
+                    TicketState::Failed { reason } => Begin::Ended(reason),
+                    _ => Begin::NotOurs,
+                });
+            }
+        }
+        Ok(
+            match ctx
+                .call(tickets.claim_attempt(key, item.digest(), grant.fence, claim, now_ms()))
+                .await?
+            {
+                TicketUpdated::Written(_) => Begin::Go,
+                TicketUpdated::Lost(_) | TicketUpdated::Gone => Begin::NotOurs,
+            },
+        )
     }
+}
+
+/// Whether a delivery makes its next attempt ([`Service::begin_attempt`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Begin {
+    /// Claimed and counted: attempt now.
+    Go,
+    /// Not this delivery's to make: another dispatcher's claim is live, or
+    /// the ticket ended (delivered, failed) meanwhile.
+    NotOurs,
+    /// Its lease ended undelivered: the ticket failed for this reason.
+    Ended(String),
 }

@@ -91,6 +91,7 @@ impl Service {
             callback: Some(request.callback),
             state: TicketState::Waiting,
             attempts: 0,
+            claim: None,
         };
         let ahead =
             |pool: &Pool| number.saturating_sub(pool.line().admitted) + pool.waiting(now) as u64;

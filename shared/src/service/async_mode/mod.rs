@@ -19,6 +19,7 @@ mod ticket;
 
 pub(in crate::service) use admit::admit;
 pub use admit::ASYNC_WINDOW;
+pub use delivery::Begin;
 pub use enqueue::{EnqueueRequest, Enqueued};
 pub use step::{Step, ToDeliver};
 pub use ticket::TicketReport;
@@ -40,6 +41,7 @@ pub(super) fn filler_ticket(number: u64, incarnation: u64, now_ms: u64) -> Ticke
         callback: None,
         state: TicketState::Cancelled,
         attempts: 0,
+        claim: None,
     }
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 use crate::clock::now_ms;
 use crate::domain::{
     LeaseDigest, Pool, ReturnPlan, TicketGrant, TicketItem, TicketState, TicketStep,
-    TICKET_GRACE_MS,
 };
 use crate::error::Error;
 use crate::keys::PoolKey;
@@ -37,6 +36,9 @@ pub struct Step {
     pub active: bool,
     /// Tickets in line: the backlog's numbers and the queue's live tickets.
     pub depth: u64,
+    /// The earliest lapse of another delivery's claim seen: if that delivery
+    /// died, its ticket is delivered again after (Unix ms).
+    pub claim_lapses_ms: Option<u64>,
 }
 
 /// One round of a step over the listed tickets: the pool's key, the round's
@@ -209,6 +211,18 @@ impl Service {
                 step.deliver.push(ToDeliver { grant, item });
                 false
             }
+            // Another dispatcher's attempt is under way: its own.
+            TicketStep::Claimed { until_ms } => {
+                step.claim_lapses_ms =
+                    Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
+                false
+            }
+            // Its lease ended undelivered: nobody holds the slot to return.
+            TicketStep::Fail(reason) => {
+                self.move_ticket(ctx, key, item, TicketState::Failed { reason })
+                    .await?;
+                true
+            }
             TicketStep::Record { grant, live } => {
                 let (item, moved) = self
                     .move_ticket(ctx, key, item, TicketState::Granted(grant))
@@ -264,7 +278,7 @@ impl Step {
             .queue()
             .iter()
             .filter(|t| pool.listed_number(t.holder.digest).is_some())
-            .map(|t| (t.give_up_s * 1000).saturating_add(TICKET_GRACE_MS))
+            .map(|t| t.give_up.dead_from_ms())
             .collect();
         if !waiting_asyncs.is_empty() {
             // A lease expiring frees a slot with no write to see.
@@ -276,6 +290,12 @@ impl Step {
             // them (or delivers again what a crash cut short).
             let soon = now + 30_000;
             self.wake_ms = Some(self.wake_ms.map_or(soon, |w| w.min(soon)));
+        }
+        if let Some(lapse) = self.claim_lapses_ms {
+            // Another's delivery: look again when its claim lapses (it
+            // renews it before each attempt while it lives).
+            let at = lapse.max(now);
+            self.wake_ms = Some(self.wake_ms.map_or(at, |w| w.min(at)));
         }
         if pool.line().has_backlog() {
             // Admission passes tickets whose wait ended (they end `expired`)

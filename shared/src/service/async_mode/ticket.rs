@@ -41,10 +41,13 @@ impl Service {
     }
 }
 
-/// A ticket whose wait is over while it is still in the backlog (admission
-/// has not reached it) ends `expired` when it is read: it can no longer be
-/// admitted, and its owner is told so now. (One admitted to the queue ends
-/// by the dispatcher's step, which also sees a slot handed to it meanwhile.)
+/// A ticket whose wait is over ends `expired` when it is read, so that its
+/// owner is told at its deadline, not at the dispatcher's next step: one
+/// still in the backlog (admission has not reached it) can no longer be
+/// admitted, and an async ticket in the queue is never handed a slot at or
+/// after its deadline, so unless the pool shows a slot handed to it before,
+/// it never will be (the dispatcher's step then takes it out of the queue).
+/// A sync borrower's ticket in the queue is its request's to end.
 pub(super) async fn expire_if_over(
     ctx: &mut Harness<'_>,
     tickets: &dyn TicketStore,
@@ -52,11 +55,16 @@ pub(super) async fn expire_if_over(
     record: &Record,
     item: TicketItem,
 ) -> Result<TicketItem, Error> {
+    let now = now_ms();
+    let unserved = if item.callback.is_some() {
+        record.pool.grant_to(&item).is_none()
+    } else {
+        !record.pool.asks(item.digest(), now) && record.pool.line().admitted <= item.number
+    };
     let over = item.state == TicketState::Waiting
         && record.incarnation == item.incarnation
-        && now_ms() >= item.wait_until_ms
-        && !record.pool.asks(item.digest(), now_ms())
-        && record.pool.line().admitted <= item.number;
+        && now >= item.wait_until_ms
+        && unserved;
     if !over {
         return Ok(item);
     }

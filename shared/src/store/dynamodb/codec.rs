@@ -13,8 +13,8 @@ use super::schema::pool_item::{
 };
 use super::schema::{PK, POOL_ITEM, SK};
 use crate::domain::{
-    AsyncLine, Ended, GivenUp, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket, ENDED_RING,
-    MAX_COUNT,
+    AsyncLine, Ended, GiveUp, GivenUp, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket,
+    ENDED_RING, MAX_COUNT,
 };
 use crate::keys::PoolKey;
 use crate::store::{Record, StoreError, StoreErrorKind};
@@ -37,6 +37,16 @@ pub fn pool_key(key: &PoolKey) -> Item {
             AttributeValue::B(Blob::new(POOL_ITEM.to_vec())),
         ),
     ])
+}
+
+/// A queued ticket's give-up time as stored in `w`: whole seconds for a sync
+/// waiter (as every version stored them), an async ticket's exact ms negated,
+/// so that the two never read as each other.
+pub(super) fn give_up_value(give_up: GiveUp) -> AttributeValue {
+    match give_up {
+        GiveUp::Seconds(s) => number(s),
+        GiveUp::Exact(ms) => AttributeValue::N(format!("-{ms}")),
+    }
 }
 
 pub(super) fn number(n: impl ToString) -> AttributeValue {
@@ -144,7 +154,12 @@ pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
         ),
         (
             GIVE_UP.to_string(),
-            AttributeValue::L(pool.queue().iter().map(|t| number(t.give_up_s)).collect()),
+            AttributeValue::L(
+                pool.queue()
+                    .iter()
+                    .map(|t| give_up_value(t.give_up))
+                    .collect(),
+            ),
         ),
         (
             GIVEN_UP.to_string(),
@@ -197,6 +212,19 @@ impl<'a> Attrs<'a> {
     fn big(&self, value: Option<&AttributeValue>, what: &str) -> Result<u128, StoreError> {
         match value {
             Some(AttributeValue::N(n)) => n.parse().map_err(|_| self.corrupt(what)),
+            _ => Err(self.corrupt(what)),
+        }
+    }
+
+    /// A give-up time: whole seconds, or (negative) an exact ms.
+    fn give_up(&self, value: &AttributeValue) -> Result<GiveUp, StoreError> {
+        let what = "give-up time";
+        match value {
+            AttributeValue::N(n) => match n.strip_prefix('-') {
+                Some(ms) => ms.parse().map(GiveUp::Exact),
+                None => n.parse().map(GiveUp::Seconds),
+            }
+            .map_err(|_| self.corrupt(what)),
             _ => Err(self.corrupt(what)),
         }
     }
@@ -311,7 +339,7 @@ fn queue(a: &Attrs) -> Result<Vec<Ticket>, StoreError> {
         .map(|(ticket, give_up)| {
             Ok(Ticket {
                 holder: a.holder(ticket, "ticket")?,
-                give_up_s: a.small(Some(give_up), "give-up time")?,
+                give_up: a.give_up(give_up)?,
             })
         })
         .collect::<Result<Vec<Ticket>, StoreError>>()?;
@@ -405,6 +433,29 @@ mod tests {
             pool,
         };
         assert_eq!(decode(&encode(&key, &record)).unwrap(), record);
+    }
+
+    #[test]
+    fn give_up_times_keep_their_kind() {
+        let item = Item::new();
+        let a = Attrs { item: &item };
+        for give_up in [
+            GiveUp::Seconds(1_764_201_600),
+            GiveUp::Exact(1_764_201_600_123),
+            // Whatever their size, seconds and exact ms never read as each other.
+            GiveUp::Exact(5),
+            GiveUp::Seconds(1_764_201_600_123),
+        ] {
+            assert_eq!(a.give_up(&give_up_value(give_up)).unwrap(), give_up);
+        }
+        // What every earlier version stored reads as whole seconds.
+        assert_eq!(
+            a.give_up(&number(1_764_201_600u64)).unwrap(),
+            GiveUp::Seconds(1_764_201_600)
+        );
+        for bad in ["-", "--5", "1.5", "-x"] {
+            assert!(a.give_up(&AttributeValue::N(bad.into())).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -6,7 +6,8 @@ use std::collections::{BTreeSet, HashMap};
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::codec::{
-    digest_key, ended_value, holder_value, number, sizing_value, stamp_value, HANDED, STAMP_SCALE,
+    digest_key, ended_value, give_up_value, holder_value, number, sizing_value, stamp_value,
+    HANDED, STAMP_SCALE,
 };
 use super::schema::pool_item::{
     ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, INCARNATION, LEGACY_ENDED, LISTED,
@@ -111,7 +112,7 @@ impl Clauses {
             | Change::Settle => self.add_line(e, change),
             Change::Append(ticket) => {
                 self.appended.push(holder_value(ticket.holder));
-                self.give_ups.push(number(ticket.give_up_s));
+                self.give_ups.push(give_up_value(ticket.give_up));
             }
             Change::RemoveTicket(index) => {
                 self.removes.insert(format!("{QUEUE}[{index}]"));
@@ -343,7 +344,7 @@ mod tests {
     use super::super::codec::{decode, encode};
     use super::super::test_support::{churned_pool, full_pool, holder, NOW};
     use super::*;
-    use crate::domain::{BorrowPlan, Ended, Pool, ReturnPlan, Sizing, Slot, Stamp, Ticket};
+    use crate::domain::{BorrowPlan, Ended, GiveUp, Pool, ReturnPlan, Sizing, Slot, Stamp, Ticket};
     use crate::keys::PoolKey;
 
     #[test]
@@ -563,7 +564,7 @@ mod tests {
             ],
             vec![Ticket {
                 holder: holder(4, 1_000),
-                give_up_s: now / 1000 + 20,
+                give_up: GiveUp::Seconds(now / 1000 + 20),
             }],
             Vec::new(),
             vec![stale],

@@ -97,6 +97,9 @@ pub mod ticket_item {
     pub const REASON: &str = "r";
     // Not `n`: the stream's filter tells pool items with tickets by their `n`.
     pub const ATTEMPTS: &str = "at";
+    /// The delivery claim: whose, and until when (Unix ms).
+    pub const CLAIMED_BY: &str = "cb";
+    pub const CLAIMED_UNTIL: &str = "cl";
     /// The table's TTL attribute.
     pub const EXPIRES_AT: &str = "xp";
 }
@@ -223,6 +226,8 @@ mod tests {
             DELIVERED,
             REASON,
             ATTEMPTS,
+            CLAIMED_BY,
+            CLAIMED_UNTIL,
             EXPIRES_AT,
         ];
         assert_eq!(ticket.iter().collect::<BTreeSet<_>>().len(), ticket.len());

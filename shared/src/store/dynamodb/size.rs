@@ -87,7 +87,7 @@ mod tests {
     #[test]
     fn the_largest_item_fits() {
         use crate::config::{TTL_SECONDS, WAITERS};
-        use crate::domain::{ENDED_RING, MAX_GIVEN_UP, MAX_LISTED};
+        use crate::domain::{GiveUp, ENDED_RING, MAX_GIVEN_UP, MAX_LISTED};
         const OLD: u64 = 1_000_000_000_000;
         let key = PoolKey([7; 16]);
         let ttl_ms = (TTL_SECONDS.1 * 1000.0) as u64;
@@ -112,7 +112,12 @@ mod tests {
         let queue = (0..WAITERS.1)
             .map(|n| Ticket {
                 holder: big(10_000 + n),
-                give_up_s: NOW / 1000 + 600_000,
+                // Listed async tickets keep exact ms (a longer number).
+                give_up: if n < MAX_LISTED as u64 {
+                    GiveUp::Exact(NOW + 604_799_999)
+                } else {
+                    GiveUp::Seconds(NOW / 1000 + 600_000)
+                },
             })
             .collect();
         let given_up = (0..MAX_GIVEN_UP as u64)

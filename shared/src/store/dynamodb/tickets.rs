@@ -12,12 +12,14 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use super::codec::{number, Item};
 use super::expression::Expression;
 use super::schema::ticket_item::{
-    ATTEMPTS, CALLBACK_TOKEN, CALLBACK_URL, DELIVERED, EXPIRES, EXPIRES_AT, FENCE, GRANTED, HOLDER,
-    INCARNATION, JOINED, POSITION, REASON, STATE, WAIT_UNTIL,
+    ATTEMPTS, CALLBACK_TOKEN, CALLBACK_URL, CLAIMED_BY, CLAIMED_UNTIL, DELIVERED, EXPIRES,
+    EXPIRES_AT, FENCE, GRANTED, HOLDER, INCARNATION, JOINED, POSITION, REASON, STATE, WAIT_UNTIL,
 };
 use super::schema::{BY_TICKET, NUMBER, PK, SK, TICKET_ITEM};
 use super::{store_error, DynamoDbStore, Written};
-use crate::domain::{Callback, Holder, LeaseDigest, TicketGrant, TicketItem, TicketState};
+use crate::domain::{
+    Callback, DeliveryClaim, Holder, LeaseDigest, TicketGrant, TicketItem, TicketState,
+};
 use crate::keys::PoolKey;
 use crate::store::{PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated};
 
@@ -87,6 +89,10 @@ fn encode(key: &PoolKey, ticket: &TicketItem) -> Item {
     for (name, value) in state_attributes(&ticket.state) {
         item.insert(name.to_string(), value);
     }
+    if let Some(claim) = ticket.claim {
+        item.insert(CLAIMED_BY.to_string(), number(claim.by));
+        item.insert(CLAIMED_UNTIL.to_string(), number(claim.until_ms));
+    }
     item
 }
 
@@ -149,6 +155,13 @@ fn decode(item: &Item) -> Result<TicketItem, StoreError> {
         callback,
         state,
         attempts: u32::try_from(int(ATTEMPTS)?).map_err(|_| corrupt(ATTEMPTS))?,
+        claim: match item.get(CLAIMED_BY) {
+            None => None,
+            Some(_) => Some(DeliveryClaim {
+                by: int(CLAIMED_BY)?,
+                until_ms: int(CLAIMED_UNTIL)?,
+            }),
+        },
     })
 }
 
@@ -287,27 +300,43 @@ impl TicketStore for DynamoDbStore {
         )
     }
 
-    async fn count_attempt(
+    async fn claim_attempt(
         &self,
         key: &PoolKey,
         digest: LeaseDigest,
-    ) -> Result<Option<u32>, StoreError> {
+        fence: u64,
+        claim: DeliveryClaim,
+        now_ms: u64,
+    ) -> Result<TicketUpdated, StoreError> {
+        // `TicketItem::may_claim`: that grant, and no live claim of another's.
         let call = Expression {
-            update: "ADD #n :one".to_string(),
-            condition: "#st = :granted".to_string(),
+            update: "SET #cb = :by, #cl = :until ADD #n :one".to_string(),
+            condition: "#st = :granted AND #gf = :fence \
+                AND (attribute_not_exists(#cl) OR #cl <= :now OR #cb = :by)"
+                .to_string(),
             names: HashMap::from([
                 ("#n".to_string(), ATTEMPTS.to_string()),
                 ("#st".to_string(), STATE.to_string()),
+                ("#gf".to_string(), FENCE.to_string()),
+                ("#cb".to_string(), CLAIMED_BY.to_string()),
+                ("#cl".to_string(), CLAIMED_UNTIL.to_string()),
             ]),
             values: HashMap::from([
                 (":one".to_string(), number(1)),
                 (":granted".to_string(), string("granted")),
+                (":fence".to_string(), number(fence)),
+                (":by".to_string(), number(claim.by)),
+                (":until".to_string(), number(claim.until_ms)),
+                (":now".to_string(), number(now_ms)),
             ]),
         };
-        match self.update_item(ticket_key(key, digest), call).await? {
-            Written::Now(item) => decode(&item).map(|ticket| Some(ticket.attempts)),
-            Written::Lost(_) => Ok(None),
-        }
+        Ok(
+            match self.update_item(ticket_key(key, digest), call).await? {
+                Written::Now(item) => TicketUpdated::Written(decode(&item)?),
+                Written::Lost(Some(item)) => TicketUpdated::Lost(decode(&item)?),
+                Written::Lost(None) => TicketUpdated::Gone,
+            },
+        )
     }
 
     async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError> {
@@ -418,6 +447,10 @@ mod tests {
                 }),
                 state,
                 attempts: i as u32,
+                claim: (i % 3 == 1).then_some(DeliveryClaim {
+                    by: u64::MAX - i as u64,
+                    until_ms: 1_795_241_440_000,
+                }),
             };
             let item = encode(&key, &ticket);
             assert_eq!(decode(&item), Ok(ticket.clone()), "{}", ticket.state.name());
