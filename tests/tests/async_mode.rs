@@ -30,6 +30,9 @@ on_both_stores!(
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
+    a_returned_lease_is_never_delivered,
+    a_ticket_reads_expired_at_its_deadline_and_is_never_granted_after,
+    a_sync_borrower_leaves_no_live_ticket_behind,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -499,4 +502,135 @@ async fn a_ticket_of_a_lease_id_in_use_ends_cancelled(backend: Backend) {
     let (_, state) = api.inspect(&pool).await;
     assert_eq!(state["in_use"], 1, "the borrow's lease stands: {state}");
     assert!(got.lock().expect("lock").is_empty());
+}
+
+/// A grant whose lease its lease id returned before any receiver took it:
+/// no attempt starts after the return, and the ticket fails saying why.
+async fn a_returned_lease_is_never_delivered(backend: Backend) {
+    let api = api(backend, true).await;
+    // The receiver is not up yet: its port refuses connections.
+    let port = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let url = format!("http://127.0.0.1:{port}/hook");
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, &url, 600.0).await;
+    assert_eq!(status, 202);
+    api.return_lease(&pool, &holder).await;
+    until_state(&api, &pool, &mine, "granted", Duration::from_secs(5)).await;
+    let (status, body) = api.return_lease(&pool, &mine).await;
+    assert_eq!((status, &body["returned"]), (200, &json!(true)), "{body}");
+    // The receiver comes up: it must never hear of the returned lease.
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .expect("rebind");
+    let heard = Arc::new(Mutex::new(0u32));
+    let count = heard.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            if read_request(&mut stream).await.is_some() {
+                *count.lock().expect("lock") += 1;
+                answer(&mut stream, 200).await;
+            }
+        }
+    });
+    let body = until_state(&api, &pool, &mine, "failed", Duration::from_secs(5)).await;
+    assert_eq!(
+        body["reason"], "its lease was returned before it was delivered",
+        "{body}"
+    );
+    // Longer than the dispatcher's retries would have taken to reach it.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        *heard.lock().expect("lock"),
+        0,
+        "a returned lease was delivered"
+    );
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "failed");
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["in_use"], 0, "{state}");
+}
+
+/// An async ticket reads `expired` as soon as its wait is over (not at the
+/// dispatcher's next look), and a slot freed after its deadline is never
+/// handed to it.
+async fn a_ticket_reads_expired_at_its_deadline_and_is_never_granted_after(backend: Backend) {
+    let api = api(backend, true).await;
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, &url, 1.0).await;
+    assert_eq!(status, 202);
+    // The deadline is the server's enqueue time + 1 s, before this instant + 1 s.
+    let enqueued = Instant::now();
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "waiting");
+    tokio::time::sleep_until((enqueued + Duration::from_secs(1)).into()).await;
+    // One read, no polling: past its deadline it is expired.
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "expired");
+    api.return_lease(&pool, &holder).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "expired");
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(
+        (&state["available"], &state["waiting"]),
+        (&json!(1), &json!(0)),
+        "{state}"
+    );
+    assert!(
+        got.lock().expect("lock").is_empty(),
+        "delivered after its deadline"
+    );
+}
+
+/// A sync borrower that waited behind async tickets (in the backlog) and
+/// answered 409 leaves no ticket waiting under its lease id, and the same
+/// lease id can borrow again (as the client's long waits do).
+async fn a_sync_borrower_leaves_no_live_ticket_behind(backend: Backend) {
+    // No dispatcher: the async ticket stays in the backlog, so the borrower
+    // waits there too, then is admitted by its own reads.
+    let (store, tickets) = backend.stores().await;
+    let service = semaphore::Service::new(store, Limits::default())
+        .with_tickets(tickets)
+        .with_callback_policy(CallbackPolicy { allow_local: true });
+    let api = ApiClient { service };
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let (status, _) = enqueue(&api, &pool, &lease(), "http://127.0.0.1:9/hook", 600.0).await;
+    assert_eq!(status, 202);
+    let mine = lease();
+    for round in 0..2 {
+        let started = Instant::now();
+        let (status, body) = borrow_as(&api, &pool, &mine, 30.0, 1.0).await;
+        assert_eq!(status, 409, "round {round}: {body}");
+        assert!(
+            started.elapsed() >= Duration::from_millis(900),
+            "round {round}: it waited its second"
+        );
+        let (status, body) = api
+            .call(
+                "POST",
+                &format!("/l/{pool}/ticket"),
+                &json!({"lease": mine}).to_string(),
+            )
+            .await;
+        assert!(
+            status == 404
+                || ["cancelled", "expired"].contains(&body["state"].as_str().unwrap_or("")),
+            "round {round}: a live ticket left behind: {status} {body}"
+        );
+    }
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["waiting"], 1, "only the async ticket waits: {state}");
 }

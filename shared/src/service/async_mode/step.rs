@@ -218,10 +218,25 @@ impl Service {
                 false
             }
             // Its lease ended undelivered: nobody holds the slot to return.
-            TicketStep::Fail(reason) => {
-                self.move_ticket(ctx, key, item, TicketState::Failed { reason })
-                    .await?;
-                true
+            // Decided from the pool as read before the ticket, which another
+            // dispatcher may have granted since: read the pool again first.
+            TicketStep::Fail(_) => {
+                let Some(fresh) = ctx.load(key).await? else {
+                    return Ok((record, false));
+                };
+                record = fresh;
+                match record.pool.ticket_step(&item, now_ms()) {
+                    TicketStep::Fail(reason) => {
+                        self.move_ticket(ctx, key, item, TicketState::Failed { reason })
+                            .await?;
+                        true
+                    }
+                    TicketStep::Redeliver(grant) => {
+                        step.deliver.push(ToDeliver { grant, item });
+                        false
+                    }
+                    _ => false,
+                }
             }
             TicketStep::Record { grant, live } => {
                 let (item, moved) = self
@@ -231,9 +246,10 @@ impl Service {
                     step.deliver.push(ToDeliver { item, grant });
                     false
                 } else {
-                    // Cancelled or expired before its grant was
-                    // recorded: nobody will use the slot.
-                    if live {
+                    // Cancelled or expired before its grant was recorded:
+                    // nobody will use the slot. (Recorded `granted` by
+                    // another dispatcher instead: its delivery, its slot.)
+                    if live && item.state.is_final() {
                         if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now)
                         {
                             record = write(ctx, key, &record, &update, lost).await?;
