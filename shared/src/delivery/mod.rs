@@ -2,8 +2,10 @@
 //! tickets, [`Service::dispatch_step`] admits, hands on and records grants;
 //! this delivers them to their callbacks with capped, jittered retries while
 //! the lease is live and within a bound, then records `delivered`, or
-//! `failed` with the reason and the lease returned. Every delivery is at
-//! least once: a receiver drops a duplicate by its ticket and fence.
+//! `failed` with the reason and the lease returned. A claim on the ticket
+//! item keeps one attempt in flight per ticket across dispatchers; delivery
+//! is at least once: a receiver answers a duplicate (its ticket and fence)
+//! `2xx` again and takes it once.
 //!
 //! [`Local`] runs it in-process (local-api), woken by the service's watch and
 //! by timers at each pool's next expiry; in AWS the table's stream and a
