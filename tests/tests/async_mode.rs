@@ -98,6 +98,16 @@ async fn api_and_store(
     (client, store)
 }
 
+/// The API over one store with async mode and no dispatcher: nothing admits,
+/// hands on or delivers but the requests themselves (and a test's own steps).
+async fn undispatched(backend: Backend) -> ApiClient {
+    let (store, tickets) = backend.stores().await;
+    let service = semaphore::Service::new(store, Limits::default())
+        .with_tickets(tickets)
+        .with_callback_policy(CallbackPolicy { allow_local: true });
+    ApiClient { service }
+}
+
 fn lease() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -402,11 +412,7 @@ async fn deleting_the_pool_ends_its_tickets(backend: Backend) {
 /// The dispatcher's step alone (no delivery made): a granted ticket stays
 /// listed and every later step hands it out again, until it ends.
 async fn a_grant_cut_short_is_delivered_at_the_next_step(backend: Backend) {
-    let (store, tickets) = backend.stores().await;
-    let service = semaphore::Service::new(store, Limits::default())
-        .with_tickets(tickets)
-        .with_callback_policy(CallbackPolicy { allow_local: true });
-    let api = ApiClient { service };
+    let api = undispatched(backend).await;
     let pool = pool_id();
     api.register(&pool, 1).await;
     let mine = lease();
@@ -598,11 +604,7 @@ async fn a_ticket_reads_expired_at_its_deadline_and_is_never_granted_after(backe
 async fn a_sync_borrower_leaves_no_live_ticket_behind(backend: Backend) {
     // No dispatcher: the async ticket stays in the backlog, so the borrower
     // waits there too, then is admitted by its own reads.
-    let (store, tickets) = backend.stores().await;
-    let service = semaphore::Service::new(store, Limits::default())
-        .with_tickets(tickets)
-        .with_callback_policy(CallbackPolicy { allow_local: true });
-    let api = ApiClient { service };
+    let api = undispatched(backend).await;
     let pool = pool_id();
     api.register(&pool, 1).await;
     let holder = lease();
