@@ -47,7 +47,7 @@ pub use borrow::BorrowPlan;
 pub use pieces::MAX_PRUNE;
 pub use pool::{Pool, MAX_COUNT};
 pub use return_lease::{ReturnPlan, GIVEN_UP_MS, MAX_GIVEN_UP};
-pub use ticket::{Callback, DeliveryClaim, TicketGrant, TicketItem, TicketState};
+pub use ticket::{Callback, DeliveryClaim, TicketGrant, TicketItem, TicketState, OUTCOME_GRACE_MS};
 pub use ticket_step::TicketStep;
 pub use types::{
     by_position, AsyncLine, Ended, GiveUp, GivenUp, Holder, Inconsistent, Lease, LeaseDigest,

@@ -41,6 +41,12 @@ pub struct DeliveryClaim {
     pub until_ms: u64,
 }
 
+/// How long after a delivery's claim lapses its outcome may still be on its
+/// way to the store (an attempt answered 2xx, its `delivered` write slow): a
+/// step ends a claimed ticket whose lease ended only after this, so that a
+/// grant delivered in time never reads `failed`.
+pub const OUTCOME_GRACE_MS: u64 = 10_000;
+
 /// Where a ticket is in its life. Each state is entered at most once, in
 /// the order [`TicketState::may_become`] allows, and a final one never
 /// changes: every ticket ends exactly once.

@@ -1,7 +1,10 @@
 //! What the dispatcher does with one listed async ticket, decided from its item and the pool
 //! as read: the per-ticket table of the dispatcher's step (`service::async_mode::step` makes
 //! the writes it names).
-use super::{Lease, LeaseDigest, Pool, TicketGrant, TicketItem, TicketState, TICKET_GRACE_MS};
+use super::{
+    Lease, LeaseDigest, Pool, TicketGrant, TicketItem, TicketState, OUTCOME_GRACE_MS,
+    TICKET_GRACE_MS,
+};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum TicketStep {
@@ -78,15 +81,20 @@ impl Pool {
             ) if lease.is_live(now_ms) => TicketStep::ReturnThenUnlist,
             (state, _, Some((index, _))) if state.is_final() => TicketStep::Expire { index },
             (state, ..) if state.is_final() => TicketStep::Unlist,
-            (TicketState::Granted(grant), ..) => match item.claim {
-                Some(claim) if now_ms < claim.until_ms => TicketStep::Claimed {
-                    until_ms: claim.until_ms,
-                },
-                _ => match self.undeliverable(item.digest(), grant, now_ms) {
-                    Some(reason) => TicketStep::Fail(reason.into()),
-                    None => TicketStep::Redeliver(*grant),
-                },
-            },
+            (TicketState::Granted(grant), ..) => {
+                let ended = self.undeliverable(item.digest(), grant, now_ms);
+                // Whom the ticket is left to until when: an attempt under way,
+                // and once its lease ended, the outcome still on its way.
+                let owned_until = item.claim.map(|claim| match ended {
+                    None => claim.until_ms,
+                    Some(_) => claim.until_ms.saturating_add(OUTCOME_GRACE_MS),
+                });
+                match (owned_until, ended) {
+                    (Some(until_ms), _) if now_ms < until_ms => TicketStep::Claimed { until_ms },
+                    (_, Some(reason)) => TicketStep::Fail(reason.into()),
+                    (_, None) => TicketStep::Redeliver(*grant),
+                }
+            }
             (_, Some(lease), _) => TicketStep::Record {
                 grant: TicketGrant {
                     position: lease.position,
@@ -251,6 +259,27 @@ mod tests {
         assert_eq!(
             pool.ticket_step(&claimed, NOW + 500),
             TicketStep::Redeliver(grant)
+        );
+        // Its lease ended after an attempt was claimed: that attempt's outcome
+        // may still be on its way (a 2xx being recorded), so it fails only
+        // once that grace is over too.
+        let expired = grant.expires_at_ms;
+        let claimed_late = TicketItem {
+            claim: Some(DeliveryClaim {
+                by: 7,
+                until_ms: expired - 100,
+            }),
+            ..granted
+        };
+        assert_eq!(
+            pool.ticket_step(&claimed_late, expired),
+            TicketStep::Claimed {
+                until_ms: expired - 100 + OUTCOME_GRACE_MS
+            }
+        );
+        assert_eq!(
+            pool.ticket_step(&claimed_late, expired - 100 + OUTCOME_GRACE_MS),
+            TicketStep::Fail("its lease expired before it was delivered".into())
         );
     }
 
