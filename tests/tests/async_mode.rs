@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{Caller, Dispatcher, Local};
-use semaphore::keys::PoolId;
+use semaphore::domain::{Change, LeaseDigest, TicketState, Update};
+use semaphore::keys::{LeaseId, PoolId, PoolKey};
 use semaphore::service::Budget;
-use semaphore::store::PoolStore;
+use semaphore::store::{PoolStore, StoreError, TicketStore, Updated};
 use semaphore::Limits;
+use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use semaphore_tests::receiver::{answer, read_request};
 use serde_json::{json, Value};
@@ -33,6 +35,7 @@ on_both_stores!(
     a_returned_lease_is_never_delivered,
     a_ticket_reads_expired_at_its_deadline_and_is_never_granted_after,
     a_sync_borrower_leaves_no_live_ticket_behind,
+    a_ticket_cancelled_while_its_admission_lands_is_never_served,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -635,4 +638,88 @@ async fn a_sync_borrower_leaves_no_live_ticket_behind(backend: Backend) {
     }
     let (_, state) = api.inspect(&pool).await;
     assert_eq!(state["waiting"], 1, "only the async ticket waits: {state}");
+}
+
+/// Cancels one ticket just before the first admission write lands: after the
+/// admitter read the backlog, and after the canceller's own read of the pool
+/// (which found the ticket not yet queued).
+struct CancelDuringAdmission {
+    inner: Arc<dyn PoolStore>,
+    tickets: Arc<dyn TicketStore>,
+    victim: Arc<Mutex<Option<LeaseDigest>>>,
+}
+
+#[async_trait::async_trait]
+impl Around for CancelDuringAdmission {
+    fn inner(&self) -> &dyn PoolStore {
+        self.inner.as_ref()
+    }
+
+    async fn update(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let admits = update
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::SetAdmitted(_)));
+        let victim = admits
+            .then(|| self.victim.lock().expect("lock").take())
+            .flatten();
+        if let Some(digest) = victim {
+            self.tickets
+                .set_ticket_state(key, digest, &TicketState::Waiting, &TicketState::Cancelled)
+                .await?;
+        }
+        self.inner.update(key, incarnation, update).await
+    }
+}
+
+/// A cancel that races an admission (the ticket read waiting, then cancelled,
+/// then queued by the admission's write) leaves the ticket out of the queue:
+/// no slot is ever handed to it.
+async fn a_ticket_cancelled_while_its_admission_lands_is_never_served(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let victim_digest = Arc::new(Mutex::new(None));
+    let racing = CancelDuringAdmission {
+        inner: store,
+        tickets: tickets.clone(),
+        victim: victim_digest.clone(),
+    };
+    let service = semaphore::Service::new(Arc::new(Forward(racing)), Limits::default())
+        .with_tickets(tickets)
+        .with_callback_policy(CallbackPolicy { allow_local: true });
+    let api = ApiClient { service };
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let victim = lease();
+    let (status, _) = enqueue(&api, &pool, &victim, "http://127.0.0.1:9/hook", 600.0).await;
+    assert_eq!(status, 202);
+    *victim_digest.lock().expect("lock") = Some(LeaseId(victim.parse().expect("uuid")).digest());
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    api.service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert!(
+        victim_digest.lock().expect("lock").is_none(),
+        "it was admitted"
+    );
+    assert_eq!(ticket(&api, &pool, &victim).await["state"], "cancelled");
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(state["waiting"], 0, "a cancelled ticket in line: {state}");
+    api.return_lease(&pool, &holder).await;
+    api.service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(
+        state["in_use"], 0,
+        "a slot handed to a cancelled ticket: {state}"
+    );
 }

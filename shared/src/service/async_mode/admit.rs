@@ -61,17 +61,40 @@ pub(in crate::service) async fn admit(
             _ => None,
         })
         .collect();
-    if let Some(passed) = passed.filter(|p| after.pool.line().admitted >= *p) {
-        for item in backlog.iter().filter(|t| {
-            t.number < passed && t.state == TicketState::Waiting && !queued.contains(&t.digest())
-        }) {
-            let end = if now >= item.wait_until_ms {
-                TicketState::Expired
-            } else {
-                TicketState::Cancelled
-            };
-            ctx.call(tickets.set_ticket_state(key, item.digest(), &TicketState::Waiting, &end))
-                .await?;
+    let Some(passed) = passed.filter(|p| after.pool.line().admitted >= *p) else {
+        return Ok(Some(after));
+    };
+    for item in backlog.iter().filter(|t| {
+        t.number < passed && t.state == TicketState::Waiting && !queued.contains(&t.digest())
+    }) {
+        let end = if now >= item.wait_until_ms {
+            TicketState::Expired
+        } else {
+            TicketState::Cancelled
+        };
+        ctx.call(tickets.set_ticket_state(key, item.digest(), &TicketState::Waiting, &end))
+            .await?;
+    }
+    if queued.is_empty() {
+        return Ok(Some(after));
+    }
+    // A ticket cancelled between the backlog read above and this write was
+    // queued all the same, and its canceller's read of the pool (made to take
+    // it out of the queue) may have come before this write landed. Read the
+    // admitted tickets again and take those that ended out of the queue, so
+    // that no slot is handed to a ticket nobody waits for. (A cancel landing
+    // after this read finds them queued on its own read.)
+    let again = ctx
+        .call(tickets.backlog(key, record.pool.line().admitted, backlog.len()))
+        .await?;
+    let mut after = after;
+    let mut lost = 0u32;
+    for item in again
+        .iter()
+        .filter(|t| t.state.is_final() && queued.contains(&t.digest()))
+    {
+        if let Some(update) = after.pool.plan_cancel(&item.holder) {
+            after = write(ctx, key, &after, &update, &mut lost).await?;
         }
     }
     Ok(Some(after))
