@@ -19,6 +19,7 @@ import pytest
 from support import TWINS, new_pool, wait_until
 from werkzeug.serving import make_server
 
+import http_semaphore
 from http_semaphore import AsyncClient, Client, Ticket, TicketNotFound
 from http_semaphore.receiver import Grant, InvalidGrant, Unauthorized, verify
 
@@ -123,6 +124,7 @@ def test_verify_checks_the_token_and_keeps_every_field() -> None:
     )
     assert grant.expires_at.year == 2026
     assert verify([("Authorization", "Bearer s3cr3t")], body.decode(), "s3cr3t") == grant
+    assert http_semaphore.receiver.verify is verify, "reachable from the package"
     for headers in ({}, {"Authorization": "Bearer s3cr3"}, {"Authorization": "Basic s3cr3t"}):
         with pytest.raises(Unauthorized) as refused:
             verify(headers, body, "s3cr3t")

@@ -14,6 +14,7 @@ errors, blocking or asyncio. Every error is a :class:`SemaphoreError`.
 
 from __future__ import annotations
 
+from . import receiver
 from ._async import AsyncBorrow, AsyncClient, AsyncLease, AsyncPool
 from ._core import Duration, Id, PoolState, RetryPolicy, Ticket, TicketStatus, Timeouts
 from ._errors import (
@@ -53,5 +54,6 @@ __all__ = [
     "TicketStatus",
     "Timeouts",
     "UnexpectedResponse",
+    "receiver",
 ]
 __version__ = "0.1.0"
