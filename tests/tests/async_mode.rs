@@ -552,7 +552,7 @@ async fn a_returned_lease_is_never_delivered(backend: Backend) {
     });
     let body = until_state(&api, &pool, &mine, "failed", Duration::from_secs(5)).await;
     assert_eq!(
-        body["reason"], "its lease was returned before it was delivered",
+        body["reason"], "its lease was returned before its delivery was confirmed",
         "{body}"
     );
     // Longer than the dispatcher's retries would have taken to reach it.

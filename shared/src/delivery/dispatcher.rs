@@ -145,20 +145,17 @@ impl Dispatcher {
                 ));
             }
             let nap = self.retry.pause(attempt);
-            // The claim covers the attempt and the pause after it, so that
-            // no other dispatcher starts one meanwhile; a little more for
-            // clocks that differ between servers.
+            // The claim covers its own write and the pool's read (each at
+            // most a store call's timeout), the attempt and the pause after
+            // it, so that no other dispatcher starts one meanwhile; and a
+            // little more for clocks that differ between servers.
+            let store_calls = 2 * self.service.timing().call_timeout;
             let claim = DeliveryClaim {
                 by,
-                until_ms: now + (self.caller.timeout() + nap + CLAIM_MARGIN).as_millis() as u64,
+                until_ms: now
+                    + (store_calls + self.caller.timeout() + nap + CLAIM_MARGIN).as_millis() as u64,
             };
-            // The step that handed it out has just read the pool; before a
-            // later attempt, make sure its lease is still held.
-            match self
-                .service
-                .begin_attempt(&key, item, grant, claim, made > 0)
-                .await
-            {
+            match self.service.begin_attempt(&key, item, grant, claim).await {
                 Ok(Begin::Go) => {}
                 // Another dispatcher's, or it ended meanwhile: nothing to record.
                 Ok(Begin::NotOurs) => return,
@@ -171,12 +168,21 @@ impl Dispatcher {
                     // No claim, no attempt: try again after the pause.
                     last = format!("the ticket could not be claimed: {err}");
                     attempt += 1;
-                    tokio::time::sleep(
-                        nap.min(Duration::from_millis(until.saturating_sub(now_ms()))),
-                    )
-                    .await;
+                    pause(nap, until).await;
                     continue;
                 }
+            }
+            // The attempt ends within its claim (its store calls took some of
+            // it), so that no other dispatcher's can overlap it.
+            let now = now_ms();
+            let attempt_until = until.min(
+                claim
+                    .until_ms
+                    .saturating_sub(CLAIM_MARGIN.as_millis() as u64),
+            );
+            if attempt_until <= now {
+                attempt += 1;
+                continue;
             }
             let body = Delivery {
                 ticket: item.number,
@@ -187,7 +193,7 @@ impl Dispatcher {
             };
             made += 1;
             let sent = tokio::time::timeout(
-                Duration::from_millis(until.saturating_sub(now)),
+                Duration::from_millis(attempt_until - now),
                 self.caller.call(
                     &callback.url,
                     &callback.token,
@@ -202,8 +208,7 @@ impl Dispatcher {
                 Attempt::Retry(reason) => last = reason,
             }
             attempt += 1;
-            tokio::time::sleep(nap.min(Duration::from_millis(until.saturating_sub(now_ms()))))
-                .await;
+            pause(nap, until).await;
         };
         self.log_delivery(&key, item, outcome.is_ok(), made);
         let ended = self
@@ -224,6 +229,11 @@ impl Dispatcher {
         }
         .emit(self.log);
     }
+}
+
+/// The pause between attempts, never past `until` (Unix ms).
+async fn pause(nap: Duration, until: u64) {
+    tokio::time::sleep(nap.min(Duration::from_millis(until.saturating_sub(now_ms())))).await;
 }
 
 fn prefix(key: &PoolKey) -> PoolKeyPrefix {

@@ -54,12 +54,12 @@ impl Pool {
         now_ms: u64,
     ) -> Option<&'static str> {
         if now_ms >= grant.expires_at_ms {
-            return Some("its lease expired before it was delivered");
+            return Some("its lease expired before its delivery was confirmed");
         }
         let held = self
             .lease_of(digest)
             .is_some_and(|lease| lease.fence == grant.fence);
-        (!held).then_some("its lease was returned before it was delivered")
+        (!held).then_some("its lease was returned before its delivery was confirmed")
     }
 
     /// The grant handed to the ticket of `item` in this pool (not an older
@@ -279,7 +279,7 @@ mod tests {
         );
         assert_eq!(
             pool.ticket_step(&claimed_late, expired - 100 + OUTCOME_GRACE_MS),
-            TicketStep::Fail("its lease expired before it was delivered".into())
+            TicketStep::Fail("its lease expired before its delivery was confirmed".into())
         );
     }
 
@@ -290,7 +290,7 @@ mod tests {
         // Its slot expired.
         assert_eq!(
             pool.ticket_step(&granted, grant.expires_at_ms),
-            TicketStep::Fail("its lease expired before it was delivered".into())
+            TicketStep::Fail("its lease expired before its delivery was confirmed".into())
         );
         // Its lease id returned (by whoever holds the lease UUID).
         let ReturnPlan::Return(_, update) = pool.plan_return(h(2).digest, NOW + 10) else {
@@ -299,11 +299,11 @@ mod tests {
         let returned = pool.apply(&update).unwrap();
         assert_eq!(
             returned.ticket_step(&granted, NOW + 20),
-            TicketStep::Fail("its lease was returned before it was delivered".into())
+            TicketStep::Fail("its lease was returned before its delivery was confirmed".into())
         );
         assert_eq!(
             returned.undeliverable(h(2).digest, &grant, NOW + 20),
-            Some("its lease was returned before it was delivered")
+            Some("its lease was returned before its delivery was confirmed")
         );
         assert_eq!(pool.undeliverable(h(2).digest, &grant, NOW + 20), None);
     }

@@ -95,11 +95,12 @@ enum Placed {
 
 impl Borrower {
     async fn run(&self, ctx: &mut Harness<'_>) -> Result<Grant, Error> {
-        // The number of the backlog ticket item this request wrote, if any.
+        // The backlog ticket item this request wrote, if any: its number and
+        // the pool's incarnation.
         let mut backlog = None;
         let result = self.borrow(ctx, &mut backlog).await;
-        if let Some(number) = backlog {
-            self.end_backlog_ticket(ctx, number, result.is_ok()).await;
+        if let Some((number, incarnation)) = backlog {
+            self.end_backlog_ticket(ctx, number, incarnation).await;
         }
         result
     }
@@ -107,7 +108,7 @@ impl Borrower {
     async fn borrow(
         &self,
         ctx: &mut Harness<'_>,
-        backlog: &mut Option<u64>,
+        backlog: &mut Option<(u64, u64)>,
     ) -> Result<Grant, Error> {
         let record = ctx.load_existing(&self.key).await?;
         let incarnation = record.incarnation;
@@ -123,21 +124,25 @@ impl Borrower {
     /// removed (so that a later borrow with the same lease id, such as the
     /// client's next round of a long wait, can join again); before, it ends
     /// `cancelled` or `expired`, so that admission steps over it at once (a
-    /// missing number would hold the backlog up for `GAP_MS`). Best effort:
-    /// an item left over is replaced by the next borrow of its lease id.
-    async fn end_backlog_ticket(&self, ctx: &mut Harness<'_>, number: u64, granted: bool) {
+    /// missing number would hold the backlog up for `GAP_MS`), and an
+    /// admission that queued it meanwhile is undone. Only its own item (by
+    /// number): a twin request's later one stays. Best effort: an item left
+    /// over is replaced by the next borrow of its lease id.
+    async fn end_backlog_ticket(&self, ctx: &mut Harness<'_>, number: u64, incarnation: u64) {
         let Some(tickets) = ctx.tickets else {
             return;
         };
-        let passed = granted
-            || match ctx.load(&self.key).await {
-                Ok(Some(record)) => record.pool.line().admitted > number,
-                Ok(None) => true,
-                Err(_) => false,
-            };
+        let digest = self.holder.digest;
+        let passed = match ctx.load(&self.key).await {
+            Ok(Some(record)) => {
+                record.incarnation != incarnation || record.pool.line().admitted > number
+            }
+            Ok(None) => true,
+            Err(_) => return,
+        };
         if passed {
             let _ = ctx
-                .call(tickets.delete_ticket(&self.key, self.holder.digest))
+                .call(tickets.delete_ticket(&self.key, digest, number, incarnation))
                 .await;
             return;
         }
@@ -146,14 +151,29 @@ impl Borrower {
         } else {
             TicketState::Cancelled
         };
-        let _ = ctx
-            .call(tickets.set_ticket_state(
-                &self.key,
-                self.holder.digest,
-                &TicketState::Waiting,
-                &end,
-            ))
+        let ended = ctx
+            .call(tickets.set_ticket_state(&self.key, digest, &TicketState::Waiting, &end))
             .await;
+        if ended.is_err() {
+            return;
+        }
+        // Admitted since the read above: out of the queue again.
+        let mut lost = 0u32;
+        while let Ok(Some(record)) = ctx.load(&self.key).await {
+            let Some(update) = record
+                .pool
+                .plan_cancel(&self.holder)
+                .filter(|_| record.incarnation == incarnation)
+            else {
+                break;
+            };
+            if write(ctx, &self.key, &record, &update, &mut lost)
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
     }
 
     /// Takes a free slot, or joins the queue.
@@ -161,7 +181,7 @@ impl Borrower {
         &self,
         ctx: &mut Harness<'_>,
         mut record: Record,
-        backlog: &mut Option<u64>,
+        backlog: &mut Option<(u64, u64)>,
     ) -> Result<Placed, Error> {
         let incarnation = record.incarnation;
         let mut lost = 0u32;
@@ -352,13 +372,13 @@ impl Borrower {
         &self,
         ctx: &mut Harness<'_>,
         incarnation: u64,
-        backlog: &mut Option<u64>,
+        backlog: &mut Option<(u64, u64)>,
     ) -> Result<Placed, Error> {
         let Some(tickets) = ctx.tickets else {
             return Err(Error::Exhausted);
         };
         let (mut record, number, joined_ms) = self.join_backlog(ctx, tickets, incarnation).await?;
-        *backlog = Some(number);
+        *backlog = Some((number, incarnation));
         let mut round = 0u32;
         loop {
             if record.incarnation != incarnation {
@@ -445,8 +465,13 @@ impl Borrower {
                         && (existing.incarnation != incarnation
                             || existing.number < record.pool.line().admitted) =>
                 {
-                    ctx.call(tickets.delete_ticket(&self.key, self.holder.digest))
-                        .await?;
+                    ctx.call(tickets.delete_ticket(
+                        &self.key,
+                        self.holder.digest,
+                        existing.number,
+                        existing.incarnation,
+                    ))
+                    .await?;
                 }
                 // This lease id has a ticket already (a twin request's, or
                 // an async one): not a second one.

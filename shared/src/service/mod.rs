@@ -112,4 +112,8 @@ impl Service {
     pub fn limits(&self) -> Limits {
         self.limits
     }
+
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
 }

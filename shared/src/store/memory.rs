@@ -214,11 +214,24 @@ impl TicketStore for MemoryStore {
         Ok(TicketUpdated::Written(ticket.clone()))
     }
 
-    async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError> {
-        if let Some(pool) = self.tickets().get_mut(key) {
+    async fn delete_ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        number: u64,
+        incarnation: u64,
+    ) -> Result<bool, StoreError> {
+        let mut tickets = self.tickets();
+        let Some(pool) = tickets.get_mut(key) else {
+            return Ok(false);
+        };
+        let same = pool
+            .get(&digest)
+            .is_some_and(|t| t.number == number && t.incarnation == incarnation);
+        if same {
             pool.remove(&digest);
         }
-        Ok(())
+        Ok(same)
     }
 
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {

@@ -227,8 +227,16 @@ pub trait TicketStore: Send + Sync {
         now_ms: u64,
     ) -> Result<TicketUpdated, StoreError>;
 
-    /// Removes one ticket item (of a pool deleted since it was written).
-    async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError>;
+    /// Removes the ticket item of `digest` if it is still the one numbered
+    /// `number` in the pool's incarnation `incarnation` (a later ticket of
+    /// the same lease id is left alone): whether it did.
+    async fn delete_ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        number: u64,
+        incarnation: u64,
+    ) -> Result<bool, StoreError>;
 
     /// Removes every ticket item of the pool (after the pool itself was
     /// deleted and its tickets ended); how many were removed.

@@ -29,20 +29,19 @@ impl Service {
                     grant,
                     delivered_ms,
                 };
-                let from = TicketState::Granted(grant);
-                let moved = TicketItem {
-                    state: from,
-                    ..item.clone()
-                };
-                Ok(self.move_ticket(&mut ctx, key, moved, to).await?.0)
+                Ok(self
+                    .move_ticket(&mut ctx, key, granted(item, grant), to)
+                    .await?
+                    .0)
             }
             Err(reason) => {
-                let moved = TicketItem {
-                    state: TicketState::Granted(grant),
-                    ..item.clone()
-                };
                 let (ended, _) = self
-                    .move_ticket(&mut ctx, key, moved, TicketState::Failed { reason })
+                    .move_ticket(
+                        &mut ctx,
+                        key,
+                        granted(item, grant),
+                        TicketState::Failed { reason },
+                    )
                     .await?;
                 // Its lease goes back only if the ticket failed: another
                 // dispatcher's delivery of the same grant may have landed
@@ -74,52 +73,62 @@ impl Service {
 
     /// Before a delivery attempt: takes the ticket's delivery claim for
     /// `claim` (counting the attempt), so that no other dispatcher's attempt
-    /// runs at the same time. With `check_lease`, first reads the pool: once
-    /// the grant's lease was returned or expired (or its pool deleted), no
-    /// attempt starts and the ticket ends `failed`, saying why.
+    /// runs at the same time, and reads the pool: once the grant's lease was
+    /// returned or expired (or its pool deleted), no attempt starts and the
+    /// ticket ends `failed`, saying why. (A return landing between this read
+    /// and the POST, a few milliseconds, is the one it cannot see.)
     pub async fn begin_attempt(
         &self,
         key: &PoolKey,
         item: &TicketItem,
         grant: TicketGrant,
         claim: DeliveryClaim,
-        check_lease: bool,
     ) -> Result<Begin, Error> {
         let tickets = self.ticket_store()?;
         let mut call = Budget::default();
         let mut ctx = self.ctx(&mut call, Duration::ZERO);
-        if check_lease {
-            let record = ctx.load(key).await?;
-            let gone = match record.filter(|r| r.incarnation == item.incarnation) {
-                Some(record) => record
-                    .pool
-                    .undeliverable(item.digest(), &grant, now_ms())
-                    .map(str::to_string),
-                None => Some("its pool was deleted".to_string()),
-            };
-            if let Some(reason) = gone {
-                let granted = TicketItem {
-                    state: TicketState::Granted(grant),
-                    ..item.clone()
-                };
-                let (ended, _) = self
-                    .move_ticket(&mut ctx, key, granted, TicketState::Failed { reason })
-                    .await?;
-                return Ok(match ended.state {
-                    TicketState::Failed { reason } => Begin::Ended(reason),
-                    _ => Begin::NotOurs,
-                });
-            }
+        // Side by side: the attempt waits for one store round trip, not two.
+        let (claimed, record) = ctx
+            .call(async {
+                tokio::try_join!(
+                    tickets.claim_attempt(key, item.digest(), grant.fence, claim, now_ms()),
+                    self.store.load(key),
+                )
+            })
+            .await?;
+        if !matches!(claimed, TicketUpdated::Written(_)) {
+            return Ok(Begin::NotOurs);
         }
-        Ok(
-            match ctx
-                .call(tickets.claim_attempt(key, item.digest(), grant.fence, claim, now_ms()))
-                .await?
-            {
-                TicketUpdated::Written(_) => Begin::Go,
-                TicketUpdated::Lost(_) | TicketUpdated::Gone => Begin::NotOurs,
-            },
-        )
+        let gone = match record.filter(|r| r.incarnation == item.incarnation) {
+            Some(record) => record
+                .pool
+                .undeliverable(item.digest(), &grant, now_ms())
+                .map(str::to_string),
+            None => Some("its pool was deleted".to_string()),
+        };
+        let Some(reason) = gone else {
+            return Ok(Begin::Go);
+        };
+        let (ended, _) = self
+            .move_ticket(
+                &mut ctx,
+                key,
+                granted(item, grant),
+                TicketState::Failed { reason },
+            )
+            .await?;
+        Ok(match ended.state {
+            TicketState::Failed { reason } => Begin::Ended(reason),
+            _ => Begin::NotOurs,
+        })
+    }
+}
+
+/// `item` as granted `grant`: the state a delivery's writes move it from.
+fn granted(item: &TicketItem, grant: TicketGrant) -> TicketItem {
+    TicketItem {
+        state: TicketState::Granted(grant),
+        ..item.clone()
     }
 }
 

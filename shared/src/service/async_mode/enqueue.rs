@@ -65,7 +65,8 @@ impl Service {
                 });
             }
             // A ticket of a pool deleted since: this lease id starts afresh.
-            ctx.call(tickets.delete_ticket(&key, digest)).await?;
+            ctx.call(tickets.delete_ticket(&key, digest, item.number, item.incarnation))
+                .await?;
         }
         let record = ctx
             .call(ctx.store.number_ticket(&key))

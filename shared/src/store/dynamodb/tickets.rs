@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 
 use async_trait::async_trait;
+use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 
@@ -339,18 +340,36 @@ impl TicketStore for DynamoDbStore {
         )
     }
 
-    async fn delete_ticket(&self, key: &PoolKey, digest: LeaseDigest) -> Result<(), StoreError> {
-        let out = self
+    async fn delete_ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        number: u64,
+        incarnation: u64,
+    ) -> Result<bool, StoreError> {
+        let sent = self
             .client
             .delete_item()
             .table_name(&self.table)
             .set_key(Some(ticket_key(key, digest)))
+            .condition_expression("#tn = :number AND #i = :incarnation")
+            .expression_attribute_names("#tn", NUMBER)
+            .expression_attribute_names("#i", INCARNATION)
+            .expression_attribute_values(":number", super::codec::number(number))
+            .expression_attribute_values(":incarnation", super::codec::number(incarnation))
             .set_return_consumed_capacity(self.capacity_mode())
             .send()
-            .await
-            .map_err(store_error)?;
-        self.record(out.consumed_capacity());
-        Ok(())
+            .await;
+        match sent {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                Ok(true)
+            }
+            Err(err) => match err.as_service_error() {
+                Some(DeleteItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(store_error(err)),
+            },
+        }
     }
 
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {
