@@ -1,5 +1,6 @@
 import os
 import queue
+import threading
 
 from flask import Flask, request
 
@@ -9,6 +10,7 @@ app = Flask(__name__)
 TOKEN = os.environ["SEMAPHORE_TOKEN"]  # the token given to pool.enqueue
 grants: queue.Queue[Grant] = queue.Queue()  # for a worker: it holds the slot till it's done
 taken: set[tuple[int, int]] = set()  # (ticket, fence) of every grant taken
+lock = threading.Lock()  # Flask serves requests on threads: check and add at once
 
 
 @app.post("/granted")
@@ -17,7 +19,9 @@ def granted() -> tuple[str, int]:
         grant = verify(request.headers, request.get_data(), TOKEN)
     except ReceiverError as refused:
         return refused.message, refused.status  # 401 or 400: the ticket fails
-    if (grant.ticket, grant.fence) not in taken:  # else a duplicate: 2xx again, taken once
+    with lock:
+        duplicate = (grant.ticket, grant.fence) in taken
         taken.add((grant.ticket, grant.fence))
+    if not duplicate:  # a duplicate is answered 2xx again, and not taken twice
         grants.put(grant)
     return "", 204

@@ -117,9 +117,14 @@ class Proxy:
       its answer (so the server took a slot the client never hears of);
     - ``502-first-borrow``: forwards the first borrow, answers the client 502;
     - ``always-502``: answers every request 502 without forwarding it;
-    - ``html-404``: answers every request 404 with an HTML page, as another server would.
+    - ``html-404``: answers every request 404 with an HTML page, as another server would;
+    - ``502-after-forwarding``: forwards every request, answers the client 502 (each
+      request takes effect, and its client never learns it);
+    - ``garbled``: forwards every request, answers it with a body that is not in the
+      ``Content-Encoding`` it claims (gzip).
 
-    ``borrows`` keeps the body of every borrow that reached it."""
+    ``fault`` can be changed while it runs. ``borrows`` keeps the body of every borrow that
+    reached it."""
 
     def __init__(self, upstream: str, fault: str) -> None:
         self.upstream = upstream
@@ -172,8 +177,12 @@ class Proxy:
         if first_borrow and self.fault == "drop-first-borrow":
             handler.close_connection = True
             return None
-        if first_borrow and self.fault == "502-first-borrow":
+        if self.fault == "502-after-forwarding" or (
+            first_borrow and self.fault == "502-first-borrow"
+        ):
             return self.respond(handler, 502, b'{"error":"injected by the test proxy"}')
+        if self.fault == "garbled":
+            return self.respond(handler, status, b"not gzip", encoding="gzip")
         return self.respond(handler, status, content)
 
     @staticmethod
@@ -182,10 +191,13 @@ class Proxy:
         status: int,
         body: bytes,
         content_type: str = "application/json",
+        encoding: str | None = None,
     ) -> None:
         try:
             handler.send_response(status)
             handler.send_header("Content-Type", content_type)
+            if encoding is not None:
+                handler.send_header("Content-Encoding", encoding)
             handler.send_header("Content-Length", str(len(body)))
             handler.end_headers()
             handler.wfile.write(body)

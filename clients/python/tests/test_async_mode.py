@@ -16,11 +16,20 @@ from types import ModuleType
 
 import httpx
 import pytest
-from support import TWINS, new_pool, wait_until
+from support import TWINS, Proxy, new_pool, on, wait_until
 from werkzeug.serving import make_server
 
 import http_semaphore
-from http_semaphore import AsyncClient, Client, Ticket, TicketNotFound
+from http_semaphore import (
+    AsyncClient,
+    Client,
+    Pool,
+    PoolNotFound,
+    RetryPolicy,
+    ServiceUnavailable,
+    Ticket,
+    TicketNotFound,
+)
 from http_semaphore.receiver import Grant, InvalidGrant, Unauthorized, verify
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "receiver.py"
@@ -135,3 +144,52 @@ def test_verify_checks_the_token_and_keeps_every_field() -> None:
         assert invalid.value.status == 400
     with pytest.raises(ValueError, match="token"):
         verify({"Authorization": "Bearer "}, body, "")
+
+
+@TWINS
+def test_an_enqueue_of_unknown_outcome_names_its_lease(
+    url: str, twin: str, proxies: list[Proxy]
+) -> None:
+    pool = new_pool(url, 0)  # nothing is granted: the ticket waits
+    lost = Proxy(url, "502-after-forwarding")
+    proxies.append(lost)
+    once = RetryPolicy(retries=0)
+    callback = "http://127.0.0.1:9/granted"
+
+    def enqueue(pool: Pool) -> Ticket:
+        return pool.enqueue(ttl=30, callback_url=callback, token="t")
+
+    with pytest.raises(ServiceUnavailable) as unknown:
+        on(twin, lost.url, pool.id, enqueue, once)
+    lease = unknown.value.lease
+    assert isinstance(lease, uuid.UUID), "the error names the lease its ticket may hold"
+    assert pool.ticket(lease).state == "waiting", "the 202 was lost, the ticket queued"
+    assert pool.cancel(lease).state == "cancelled"
+
+    # An error that says no ticket was queued names none.
+    with pytest.raises(PoolNotFound) as settled:
+        on(twin, url, uuid.uuid4(), enqueue)
+    assert settled.value.lease is None
+
+
+def test_an_interrupted_enqueue_names_its_lease() -> None:
+    async def cancelled() -> None:
+        client = AsyncClient("http://semaphore.test")
+        sent: list[bytes] = []
+
+        async def enqueue_sent(request: httpx.Request) -> httpx.Response:
+            sent.append(request.content)
+            await asyncio.sleep(60)
+            raise AssertionError("cancelled before")
+
+        client._http = httpx.AsyncClient(transport=httpx.MockTransport(enqueue_sent))
+        pool = client.pool(uuid.uuid4())
+        task = asyncio.ensure_future(pool.enqueue(ttl=30, callback_url="https://x.test", token="t"))
+        while not sent:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError) as interrupted:
+            await task
+        assert str(getattr(interrupted.value, "lease", None)) == json.loads(sent[0])["lease"]
+
+    asyncio.run(cancelled())

@@ -9,9 +9,9 @@ import uuid
 from datetime import datetime, timedelta, timezone
 
 import pytest
-from support import TWINS, new_pool, wait_until
+from support import TWINS, Proxy, new_pool, wait_until
 
-from http_semaphore import AsyncClient, Client
+from http_semaphore import AsyncClient, Client, Lease, RetryPolicy, ServiceUnavailable
 
 
 class Boom(Exception):
@@ -141,3 +141,39 @@ def test_durations_are_keywords_and_checked(url: str) -> None:
     with pool.borrow(ttl=timedelta(milliseconds=1500)) as lease:
         assert lease.expires_in == 1.5
     assert time.monotonic() - start < 1.5
+
+
+@TWINS
+def test_a_release_that_failed_can_be_tried_again(
+    url: str, twin: str, proxies: list[Proxy]
+) -> None:
+    pool = new_pool(url, 1)
+    proxy = Proxy(url, "gateway")
+    proxies.append(proxy)
+    once = RetryPolicy(retries=0)
+
+    def release_twice(lease: Lease) -> bool:
+        proxy.fault = "always-502"
+        with pytest.raises(ServiceUnavailable):
+            lease.release()
+        assert pool.inspect().in_use == 1, "the failed release did not reach the server"
+        proxy.fault = "gateway"
+        return lease.release()
+
+    async def release_twice_async() -> bool:
+        async with AsyncClient(proxy.url, retry=once) as client:
+            lease = await client.pool(pool.id).borrow(ttl=60)
+            proxy.fault = "always-502"
+            with pytest.raises(ServiceUnavailable):
+                await lease.release()
+            assert pool.inspect().in_use == 1
+            proxy.fault = "gateway"
+            return await lease.release()
+
+    if twin == "sync":
+        with Client(proxy.url, retry=once) as client:
+            live = release_twice(client.pool(pool.id).borrow(ttl=60))
+    else:
+        live = asyncio.run(release_twice_async())
+    assert live is True, "the second try returned the live lease"
+    assert pool.inspect().in_use == 0

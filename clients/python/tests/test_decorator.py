@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 import pytest
 from support import new_pool
@@ -78,3 +81,44 @@ def test_the_async_twins_limit(url: str) -> None:
             assert list(await asyncio.gather(work(1), work(2))) == [2, 4]
 
     asyncio.run(main())
+
+
+class AsyncCallable:
+    """An object with an ``async __call__``: not a coroutine function to ``inspect``."""
+
+    def __init__(self) -> None:
+        self.ran = False
+        self.made: list[Coroutine[Any, Any, None]] = []
+
+    async def work(self) -> None:
+        self.ran = True
+
+    async def __call__(self) -> None:
+        await self.work()
+
+
+def test_limit_refuses_an_awaitable_it_would_not_hold_the_slot_for(url: str) -> None:
+    pool = new_pool(url, 1)
+    callable_object = AsyncCallable()
+
+    def wrapper() -> Coroutine[Any, Any, None]:
+        """A plain function around an async def."""
+        coroutine = callable_object.work()
+        callable_object.made.append(coroutine)
+        return coroutine
+
+    async def on_the_async_twin() -> None:
+        async with AsyncClient(url) as client:
+            limited: Callable[[], object] = client.pool(pool.id).limit(ttl=60)(AsyncCallable())
+            with pytest.raises(TypeError, match="async def"):
+                await asyncio.to_thread(limited)
+
+    for function in (callable_object, wrapper):
+        limited: Callable[[], object] = pool.limit(ttl=60)(function)
+        with pytest.raises(TypeError, match="returned an awaitable"):
+            limited()
+        assert pool.inspect().in_use == 0
+    asyncio.run(on_the_async_twin())
+    assert pool.inspect().in_use == 0
+    assert not callable_object.ran, "the work never ran without its slot"
+    assert inspect.getcoroutinestate(callable_object.made[0]) == inspect.CORO_CLOSED

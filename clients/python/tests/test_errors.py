@@ -15,6 +15,7 @@ from http_semaphore import (
     SemaphoreError,
     ServiceNotFound,
     TicketNotFound,
+    UnexpectedResponse,
 )
 
 
@@ -62,3 +63,18 @@ def test_a_base_url_that_is_no_url_is_refused() -> None:
     with pytest.raises(ValueError, match="not an http"):
         Client("ftp://example.com")
     assert Client("https://example.com/prod?x=1").url == "https://example.com/prod/"
+
+
+@TWINS
+def test_an_unreadable_answer_is_an_unexpected_response(
+    url: str, twin: str, proxies: list[Proxy]
+) -> None:
+    pool = new_pool(url, 1)
+    garbled = Proxy(url, "garbled")
+    proxies.append(garbled)
+    with pytest.raises(UnexpectedResponse, match="DecodingError") as unreadable:
+        on(twin, garbled.url, pool.id, lambda p: p.borrow(ttl=60))
+    assert isinstance(unreadable.value, SemaphoreError)
+    assert str(pool.id) not in str(unreadable.value), "the pool id is a secret"
+    assert garbled.requests == 2, "not retried: the borrow, then its give-up"
+    assert pool.inspect().in_use == 0, "the slot the borrow may hold was given up"

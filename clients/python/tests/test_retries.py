@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import uuid
 
 import pytest
 from support import TWINS, Proxy, borrow_leases, new_pool, on
@@ -26,11 +27,11 @@ def test_a_retried_borrow_holds_one_slot(
         lease_id = Client(proxy.url).pool(pool.id).borrow(ttl=60).id
     else:
 
-        async def borrow() -> str:
+        async def borrow() -> uuid.UUID:
             async with AsyncClient(proxy.url) as client:
-                return str((await client.pool(pool.id).borrow(ttl=60)).id)
+                return (await client.pool(pool.id).borrow(ttl=60)).id
 
-        lease_id = asyncio.run(borrow())  # type: ignore[assignment]
+        lease_id = asyncio.run(borrow())
     assert len(proxy.borrows) == 2, "one borrow, one retry"
     assert set(borrow_leases(proxy)) == {str(lease_id)}, "the retry asked for the same lease"
     state = pool.inspect()

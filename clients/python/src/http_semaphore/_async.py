@@ -18,7 +18,6 @@ import httpx
 from ._core import (
     GIVE_UP_DEADLINE,
     GIVE_UP_RETRY,
-    RETRYABLE,
     SETTLED,
     Answer,
     Attempts,
@@ -32,15 +31,14 @@ from ._core import (
     TicketStatus,
     Timeouts,
     base_url,
-    describe,
+    enqueue_body,
     field,
     json_body,
+    naming_lease,
     seconds,
     short,
     to_uuid,
-    wire_seconds,
 )
-from ._errors import SemaphoreError
 
 if TYPE_CHECKING:
     from ._sync import Client
@@ -56,14 +54,21 @@ _finishing: set[asyncio.Task[Any]] = set()
 
 async def _finish(work: Coroutine[Any, Any, T]) -> T | None:
     """Runs ``work`` to its end even if the task awaiting it is cancelled (again) meanwhile:
-    it then goes on by itself, and this returns ``None`` at once."""
+    it then goes on by itself, and this returns ``None`` at once (a failure it meets then
+    is logged: nobody awaits it any more)."""
     task = asyncio.ensure_future(work)
     _finishing.add(task)
     task.add_done_callback(_finishing.discard)
     try:
         return await asyncio.shield(task)
     except asyncio.CancelledError:
+        task.add_done_callback(_report_detached)
         return None
+
+
+def _report_detached(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("a return left to finish by itself failed: %r", task.exception())
 
 
 class AsyncClient:
@@ -120,28 +125,21 @@ class AsyncClient:
         retry: RetryPolicy | None = None,
         deadline: float | None = None,
     ) -> Answer:
-        attempts = Attempts(retry or self.retry, deadline)
+        attempts = Attempts(retry or self.retry, self.url, self.timeouts.connect, deadline)
         url = self.url + path
         while True:
             body, wanted = attempt()
-            timeout = attempts.timeout(wanted)
-            status: int | None = None
+            outcome: httpx.Response | httpx.HTTPError
             try:
-                response = await self._http.request(
-                    method,
-                    url,
-                    content=body,
-                    timeout=httpx.Timeout(timeout, connect=min(self.timeouts.connect, timeout)),
+                outcome = await self._http.request(
+                    method, url, content=body, timeout=attempts.timeout(wanted)
                 )
-            except httpx.TransportError as error:
-                failure = describe(error)
-            else:
-                answer = Answer(response.status_code, response.content, self.url)
-                if answer.status not in RETRYABLE:
-                    return answer
-                status = answer.status
-                failure = f"HTTP {answer.status}: {answer.message()}"
-            await asyncio.sleep(attempts.failed(failure, status))
+            except httpx.HTTPError as error:
+                outcome = error
+            settled = attempts.settle(outcome)
+            if isinstance(settled, Answer):
+                return settled
+            await asyncio.sleep(settled)
 
 
 class AsyncPool:
@@ -182,8 +180,10 @@ class AsyncPool:
     def borrow(self, *, ttl: Duration, wait: Duration = 0, lease: Id | None = None) -> AsyncBorrow:
         """Borrows a slot, as :meth:`Pool.borrow` does: ``async with pool.borrow(ttl=60,
         wait=300) as lease:``, or ``lease = await pool.borrow(...)``. A cancelled task
-        (``asyncio.timeout``, ``wait_for``, Ctrl-C under ``asyncio.run``) gives the place
-        in line up before the cancellation propagates."""
+        (``asyncio.timeout``, Ctrl-C under ``asyncio.run``) gives the place in line up
+        before the cancellation propagates. Bound the wait with ``wait``, or with
+        ``asyncio.timeout`` around ``async with``; not with ``asyncio.wait_for`` before
+        Python 3.12, which can drop a lease granted as it times out (CPython gh-86296)."""
         plan = BorrowPlan(
             seconds(ttl, "ttl", positive=True),
             seconds(wait, "wait"),
@@ -218,8 +218,8 @@ class AsyncPool:
                 retry=GIVE_UP_RETRY,
                 deadline=time.monotonic() + GIVE_UP_DEADLINE,
             )
-        except SemaphoreError as error:
-            log.warning("pool %s…: could not give a borrow up: %s", short(self.id), error)
+        except Exception as error:  # best effort: the exception on its way goes on
+            log.warning("pool %s…: could not give a borrow up: %r", short(self.id), error)
 
     async def enqueue(
         self,
@@ -230,22 +230,11 @@ class AsyncPool:
         wait: Duration | None = None,
         lease: Id | None = None,
     ) -> Ticket:
-        """``POST /l/{id}/enqueue`` (async mode), as :meth:`Pool.enqueue`."""
-        lease_id = uuid.uuid4() if lease is None else to_uuid(lease, "lease")
-        body: dict[str, Any] = {
-            "ttl": max(wire_seconds(seconds(ttl, "ttl", positive=True)), 0.001),
-            "lease": str(lease_id),
-            "callback": {"url": callback_url, "token": token},
-        }
-        if wait is not None:
-            body["wait"] = wire_seconds(seconds(wait, "wait"))
-        answer = await self._request("POST", "/enqueue", json_body(body))
-        queued = answer.success()
-        return Ticket(
-            lease=lease_id,
-            ticket=field(answer, queued, "ticket", int),
-            ahead=field(answer, queued, "ahead", int),
-        )
+        """``POST /l/{id}/enqueue`` (async mode), as :meth:`Pool.enqueue` (an error of
+        unknown outcome, a cancelled task included, carries the lease UUID as ``lease``)."""
+        lease_id, body = enqueue_body(ttl, callback_url, token, wait, lease)
+        with naming_lease(lease_id):
+            return Ticket.parse(await self._request("POST", "/enqueue", body), lease_id)
 
     async def ticket(self, lease: Id) -> TicketStatus:
         """``POST /l/{id}/ticket``: the state of the ticket of ``lease``."""
@@ -321,11 +310,14 @@ class AsyncLease(LeaseBase):
 
     async def release(self) -> bool:
         """Returns the slot now: ``True`` if the lease was still live, ``False`` if it had
-        already ended (its ttl ran out) or was released before."""
+        already ended (its ttl ran out) or was released before. A release that raised can
+        be tried again."""
         if self.released:
             return False
+        live = await self.pool.release(self.id)
+        # Only once answered: a release that failed can be tried again.
         self.released = True
-        return await self.pool.release(self.id)
+        return live
 
     async def __aenter__(self) -> AsyncLease:
         return self
@@ -342,9 +334,9 @@ class AsyncLease(LeaseBase):
             # A cancelled block still returns the lease, and waits for it unless
             # cancelled again.
             live = await _finish(self.release())
-        except SemaphoreError as failure:
+        except Exception as failure:  # best effort: the block's exception goes on
             log.warning(
-                "lease %s…: the return failed (it ends at its ttl): %s", short(self.id), failure
+                "lease %s…: the return failed (it ends at its ttl): %r", short(self.id), failure
             )
             return
         if live is False:

@@ -3,11 +3,14 @@ requests and reading answers, the borrow's plan, and the typed bodies. No I/O he
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import math
 import random
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any, Union
@@ -131,31 +134,57 @@ def base_url(url: str) -> str:
     return str(parsed.copy_with(path=path, query=None, fragment=None))
 
 
-def describe(error: httpx.TransportError) -> str:
-    """A transport error in words, without its URL (the URL holds the pool's UUID)."""
-    if isinstance(error, httpx.TimeoutException):
-        return "timed out"
+def unlocated(error: httpx.HTTPError) -> str:
+    """An httpx error in words, without its URL (the URL holds the pool's UUID)."""
     text = str(error) or type(error).__name__
-    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
-        text += " (the server does not speak TLS: if it is local-api, use http://)"
+    with contextlib.suppress(RuntimeError):  # an error made without its request
+        text = text.replace(str(error.request.url), "<url>")
     return f"{type(error).__name__}: {text}"
 
 
-class Attempts:
-    """The attempts of one call: after each failure, how long to pause before the next,
-    or :class:`ServiceUnavailable` once the policy's retries (or the deadline) are spent."""
+def describe(error: httpx.TransportError) -> str:
+    """A transport error in words, without its URL."""
+    if isinstance(error, httpx.TimeoutException):
+        return "timed out"
+    text = unlocated(error)
+    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+        text += " (the server does not speak TLS: if it is local-api, use http://)"
+    return text
 
-    def __init__(self, policy: RetryPolicy, deadline: float | None = None) -> None:
+
+class Attempts:
+    """The attempts of one call: each attempt's timeout, and what its response (or error)
+    means: the answer to return, or the pause before the next attempt, or
+    :class:`ServiceUnavailable` once the policy's retries (or the deadline) are spent."""
+
+    def __init__(
+        self, policy: RetryPolicy, base: str, connect: float, deadline: float | None = None
+    ) -> None:
         self.policy = policy
+        self.base = base
+        self.connect = connect
         self.deadline = deadline
         self.made = 0
 
-    def timeout(self, wanted: float) -> float:
+    def timeout(self, wanted: float) -> httpx.Timeout:
         """The next attempt's timeout, within the deadline if there is one."""
         self.made += 1
-        if self.deadline is None:
-            return wanted
-        return max(0.001, min(wanted, self.deadline - time.monotonic()))
+        if self.deadline is not None:
+            wanted = max(0.001, min(wanted, self.deadline - time.monotonic()))
+        return httpx.Timeout(wanted, connect=min(self.connect, wanted))
+
+    def settle(self, outcome: httpx.Response | httpx.HTTPError) -> Answer | float:
+        """The answer to return, or seconds to pause before the next attempt. An answer
+        that cannot be read (a body not in its ``Content-Encoding``) is
+        :class:`UnexpectedResponse`, not retried: the request may have taken effect."""
+        if isinstance(outcome, httpx.TransportError):
+            return self.failed(describe(outcome))
+        if isinstance(outcome, httpx.HTTPError):
+            raise UnexpectedResponse(f"an answer that cannot be read: {unlocated(outcome)}")
+        answer = Answer(outcome.status_code, outcome.content, self.base)
+        if answer.status not in RETRYABLE:
+            return answer
+        return self.failed(f"HTTP {answer.status}: {answer.message()}", answer.status)
 
     def failed(self, what: str, status: int | None = None) -> float:
         if self.made > self.policy.retries:
@@ -289,6 +318,15 @@ class Ticket:
     def __repr__(self) -> str:
         return f"Ticket(lease={short(self.lease)}…, ticket={self.ticket}, ahead={self.ahead})"
 
+    @staticmethod
+    def parse(answer: Answer, lease: uuid.UUID) -> Ticket:
+        queued = answer.success()
+        return Ticket(
+            lease=lease,
+            ticket=field(answer, queued, "ticket", int),
+            ahead=field(answer, queued, "ahead", int),
+        )
+
 
 @dataclass(frozen=True)
 class TicketStatus:
@@ -327,6 +365,55 @@ class TicketStatus:
 
 def json_body(value: dict[str, Any]) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
+
+
+def enqueue_body(
+    ttl: Duration, callback_url: str, token: str, wait: Duration | None, lease: Id | None
+) -> tuple[uuid.UUID, bytes]:
+    """An enqueue's lease UUID (``lease``, or a random one) and its request body."""
+    lease_id = uuid.uuid4() if lease is None else to_uuid(lease, "lease")
+    body: dict[str, Any] = {
+        "ttl": max(wire_seconds(seconds(ttl, "ttl", positive=True)), 0.001),
+        "lease": str(lease_id),
+        "callback": {"url": callback_url, "token": token},
+    }
+    if wait is not None:
+        body["wait"] = wire_seconds(seconds(wait, "wait"))
+    return lease_id, json_body(body)
+
+
+#: The enqueue errors after which surely no ticket was queued.
+ENQUEUE_SETTLED = (PoolNotFound, InvalidRequest, ServiceNotFound, ServerError)
+
+
+@contextlib.contextmanager
+def naming_lease(lease: uuid.UUID) -> Iterator[None]:
+    """Puts ``lease`` on an enqueue's exception of unknown outcome (a lost answer, an
+    interrupt, a cancelled task) as its ``lease`` attribute: the ticket it may have queued
+    can then be asked for, cancelled, or enqueued again with it."""
+    try:
+        yield
+    except ENQUEUE_SETTLED:
+        raise
+    except BaseException as error:
+        # Every exception takes attributes; SemaphoreError declares this one.
+        setattr(error, "lease", lease)  # noqa: B010
+        raise
+
+
+def refuse_awaitable(function: object, result: object) -> None:
+    """The sync path of ``limit`` got an awaitable back (an object with an ``async
+    __call__``, a plain function that returns a coroutine): the work would run after the
+    slot was returned. It is closed (a coroutine), and the call refused."""
+    if not inspect.isawaitable(result):
+        return
+    if inspect.iscoroutine(result):
+        result.close()
+    name = getattr(function, "__qualname__", None) or type(function).__name__
+    raise TypeError(
+        f"limit: {name} returned an awaitable, which would run after the slot was returned;"
+        " decorate an `async def` instead (wrap the callable in one if need be)"
+    )
 
 
 class BorrowPlan:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
+
 
 class SemaphoreError(Exception):
     """The base of every error this package raises.
 
     ``status`` is the HTTP status of the answer it stands for (``None`` when
     there was no answer), ``body`` the start of that answer.
+
+    ``lease`` is set on the error of an enqueue whose outcome is unknown (the answer was
+    lost, or not readable): the lease UUID its ticket may hold, to ask for that ticket,
+    cancel it, or enqueue again with it. ``None`` otherwise.
     """
+
+    lease: uuid.UUID | None = None
 
     def __init__(self, message: str, *, status: int | None = None, body: str = "") -> None:
         super().__init__(message)
@@ -74,4 +82,5 @@ class ServerError(SemaphoreError):
 
 
 class UnexpectedResponse(SemaphoreError):
-    """An answer the service's contract does not allow (a wrong URL, another service)."""
+    """An answer the service's contract does not allow (a wrong URL, another service), or
+    one that cannot be read (a body not in its ``Content-Encoding``)."""

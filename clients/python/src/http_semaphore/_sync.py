@@ -16,7 +16,6 @@ import httpx
 from ._core import (
     GIVE_UP_DEADLINE,
     GIVE_UP_RETRY,
-    RETRYABLE,
     SETTLED,
     Answer,
     Attempts,
@@ -30,15 +29,15 @@ from ._core import (
     TicketStatus,
     Timeouts,
     base_url,
-    describe,
+    enqueue_body,
     field,
     json_body,
+    naming_lease,
+    refuse_awaitable,
     seconds,
     short,
     to_uuid,
-    wire_seconds,
 )
-from ._errors import SemaphoreError
 
 log = logging.getLogger("http_semaphore")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -92,28 +91,21 @@ class Client:
     ) -> Answer:
         """Sends one request, retried per the policy. ``attempt`` builds each attempt's
         body and timeout afresh (a borrow's remaining wait shrinks between them)."""
-        attempts = Attempts(retry or self.retry, deadline)
+        attempts = Attempts(retry or self.retry, self.url, self.timeouts.connect, deadline)
         url = self.url + path
         while True:
             body, wanted = attempt()
-            timeout = attempts.timeout(wanted)
-            status: int | None = None
+            outcome: httpx.Response | httpx.HTTPError
             try:
-                response = self._http.request(
-                    method,
-                    url,
-                    content=body,
-                    timeout=httpx.Timeout(timeout, connect=min(self.timeouts.connect, timeout)),
+                outcome = self._http.request(
+                    method, url, content=body, timeout=attempts.timeout(wanted)
                 )
-            except httpx.TransportError as error:
-                failure = describe(error)
-            else:
-                answer = Answer(response.status_code, response.content, self.url)
-                if answer.status not in RETRYABLE:
-                    return answer
-                status = answer.status
-                failure = f"HTTP {answer.status}: {answer.message()}"
-            time.sleep(attempts.failed(failure, status))
+            except httpx.HTTPError as error:
+                outcome = error
+            settled = attempts.settle(outcome)
+            if isinstance(settled, Answer):
+                return settled
+            time.sleep(settled)
 
 
 class Pool:
@@ -202,8 +194,8 @@ class Pool:
                 retry=GIVE_UP_RETRY,
                 deadline=time.monotonic() + GIVE_UP_DEADLINE,
             )
-        except SemaphoreError as error:
-            log.warning("pool %s…: could not give a borrow up: %s", short(self.id), error)
+        except Exception as error:  # best effort: the exception on its way goes on
+            log.warning("pool %s…: could not give a borrow up: %r", short(self.id), error)
 
     def enqueue(
         self,
@@ -218,22 +210,14 @@ class Pool:
         ``wait`` seconds (the server's maximum, a day by default, if not given). When a
         slot is granted, the service POSTs the grant to ``callback_url`` with
         ``Authorization: Bearer <token>``; the lease then lives ``ttl`` from its grant.
-        Retried with the same lease UUID, so a retry never queues a second ticket."""
-        lease_id = uuid.uuid4() if lease is None else to_uuid(lease, "lease")
-        body: dict[str, Any] = {
-            "ttl": max(wire_seconds(seconds(ttl, "ttl", positive=True)), 0.001),
-            "lease": str(lease_id),
-            "callback": {"url": callback_url, "token": token},
-        }
-        if wait is not None:
-            body["wait"] = wire_seconds(seconds(wait, "wait"))
-        answer = self._request("POST", "/enqueue", json_body(body))
-        queued = answer.success()
-        return Ticket(
-            lease=lease_id,
-            ticket=field(answer, queued, "ticket", int),
-            ahead=field(answer, queued, "ahead", int),
-        )
+        Retried with the same lease UUID, so a retry never queues a second ticket.
+
+        An error whose outcome is unknown (:class:`ServiceUnavailable`, an interrupt...)
+        carries that UUID as its ``lease`` attribute: the ticket may be queued. Pass
+        ``lease=`` to know it beforehand."""
+        lease_id, body = enqueue_body(ttl, callback_url, token, wait, lease)
+        with naming_lease(lease_id):
+            return Ticket.parse(self._request("POST", "/enqueue", body), lease_id)
 
     def ticket(self, lease: Id) -> TicketStatus:
         """``POST /l/{id}/ticket``: the state of the ticket of ``lease``."""
@@ -261,12 +245,8 @@ class Pool:
                 @functools.wraps(function)
                 async def limited_async(*args: Any, **kwargs: Any) -> Any:
                     client = self.client
-                    async with (
-                        AsyncClient(
-                            client.url, retry=client.retry, timeouts=client.timeouts
-                        ) as twin,
-                        twin.pool(self.id).borrow(ttl=ttl, wait=wait),
-                    ):
+                    twin = AsyncClient(client.url, retry=client.retry, timeouts=client.timeouts)
+                    async with twin, twin.pool(self.id).borrow(ttl=ttl, wait=wait):
                         return await cast(Callable[..., Awaitable[Any]], function)(*args, **kwargs)
 
                 return cast(F, limited_async)
@@ -274,7 +254,9 @@ class Pool:
             @functools.wraps(function)
             def limited(*args: Any, **kwargs: Any) -> Any:
                 with self.borrow(ttl=ttl, wait=wait):
-                    return function(*args, **kwargs)
+                    result = function(*args, **kwargs)
+                    refuse_awaitable(function, result)
+                    return result
 
             return cast(F, limited)
 
@@ -294,11 +276,14 @@ class Lease(LeaseBase):
 
     def release(self) -> bool:
         """Returns the slot now: ``True`` if the lease was still live, ``False`` if it had
-        already ended (its ttl ran out) or was released before."""
+        already ended (its ttl ran out) or was released before. A release that raised can
+        be tried again."""
         if self.released:
             return False
+        live = self.pool.release(self.id)
+        # Only once answered: a release that failed can be tried again.
         self.released = True
-        return self.pool.release(self.id)
+        return live
 
     def __enter__(self) -> Lease:
         return self
@@ -313,9 +298,9 @@ class Lease(LeaseBase):
             return
         try:
             live = self.release()
-        except SemaphoreError as failure:
+        except Exception as failure:  # best effort: the block's exception goes on
             log.warning(
-                "lease %s…: the return failed (it ends at its ttl): %s", short(self.id), failure
+                "lease %s…: the return failed (it ends at its ttl): %r", short(self.id), failure
             )
             return
         if not live:
