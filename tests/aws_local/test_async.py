@@ -40,7 +40,8 @@ def ticket(stack: Stack, pool: str, lease: str) -> dict[str, Any]:
     return body
 
 
-def test_a_return_delivers_the_grant_through_the_stream(stack: Stack, receiver: Receiver) -> None:
+def test_a_return_delivers_the_grant(stack: Stack, receiver: Receiver) -> None:
+    # Through the return's own wake (or, were the ticket not yet admitted, the stream's).
     pool, held = held_pool(stack, ttl=60)
     lease, path = enqueue(stack, receiver, pool, "s3cr3t")
     assert ticket(stack, pool, lease) == {"state": "waiting", "ticket": 0, "ahead": 0}
@@ -68,10 +69,12 @@ def test_a_return_delivers_the_grant_through_the_stream(stack: Stack, receiver: 
     assert stack.stats()["functions"]["DispatcherFunction"]["invocations"] > dispatcher
     # Issue #25: given cargo-lambda's deadline (600000, a timeout), every round "had no time"
     # and re-armed a wake at once instead of delivering. With its real deadline (120 s) it
-    # delivers in the invocation that granted: no wake of the pool was sent for now.
-    wakes = stack.wake_messages(pool)
+    # delivers in the invocation that stepped: no timed wake of the pool was sent for now
+    # (the wakes without a time are the return's, and the stream's hand-off).
+    wakes = [m for m in stack.wake_messages(pool) if "at" in m["wake"]]
     assert wakes and all(m["wake"]["at"] > m["sent_timestamp"] for m in wakes), wakes
-    assert stack.source("StreamSource")["batches_invoked"] > batches
+    # The stream still invokes the dispatcher for the same write: the backstop.
+    eventually(lambda: stack.source("StreamSource")["batches_invoked"] > batches, "a stream batch")
     # The grant is a lease like a borrow's: returning it frees the slot.
     assert stack.api("POST", f"/l/{pool}/return", {"lease": lease}).body == {"returned": True}
     assert stack.api("GET", f"/l/{pool}").body["available"] == 1
