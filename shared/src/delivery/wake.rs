@@ -2,7 +2,13 @@
 //! time, sent to the wake queue delayed until then. SQS delays a message by
 //! at most 15 minutes, so a later wake arrives early, and the step it runs
 //! arms the rest (see `handler.rs`).
+//!
+//! A wake without a time steps the pool at once: what a route function
+//! sends when its write hands a slot to an async ticket ([`WakeOnGrant`]),
+//! and what a stream batch hands its deliveries on with. It bypasses the
+//! pending wake (`wk`): a step is idempotent, and a stray one costs a step.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +17,8 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::PoolKey;
+use crate::metrics::PoolKeyPrefix;
+use crate::service::OnAsyncGrant;
 
 /// SQS delays a message by at most 15 minutes.
 pub const MAX_DELAY: Duration = Duration::from_secs(900);
@@ -53,6 +61,7 @@ impl Wake {
 }
 
 /// A pool key from its bytes (a stream record's `pk`, a wake's `pool`).
+#[cfg_attr(not(feature = "dispatch"), allow(dead_code))]
 pub(super) fn pool_key_from_bytes(bytes: &[u8]) -> Result<PoolKey, String> {
     <[u8; 16]>::try_from(bytes)
         .map(PoolKey)
@@ -119,6 +128,35 @@ impl WakeSender for SqsWakes {
             .await
             .map(|_| ())
             .map_err(|e| aws_sdk_sqs::error::DisplayErrorContext(&e).to_string())
+    }
+}
+
+/// The service's [`OnAsyncGrant`] in AWS: a wake of the pool without delay,
+/// so that the dispatcher steps it and delivers within tens of milliseconds
+/// instead of after the table's stream (about 200 ms, and a shard's batches
+/// wait for each other). A failed send is logged, never the request's
+/// failure: the stream still invokes the dispatcher for the same write.
+pub struct WakeOnGrant {
+    sender: Arc<dyn WakeSender>,
+}
+
+impl WakeOnGrant {
+    pub fn new(sender: Arc<dyn WakeSender>) -> Self {
+        WakeOnGrant { sender }
+    }
+}
+
+#[async_trait]
+impl OnAsyncGrant for WakeOnGrant {
+    async fn granted(&self, key: &PoolKey) {
+        let wake = Wake {
+            key: *key,
+            at_ms: None,
+        };
+        if let Err(err) = self.sender.send(&wake, Duration::ZERO).await {
+            tracing::warn!(pool = %PoolKeyPrefix::of(key), error = %err,
+                "the dispatcher was not woken for a grant: the table's stream delivers it");
+        }
     }
 }
 
