@@ -118,8 +118,9 @@ def test_a_lease_expiry_wakes_the_dispatcher_through_the_queue(stack: Stack, rec
     assert grant.at >= borrowed + ttl, "granted before the lease expired"
     assert grant.headers["authorization"] == "Bearer woken"
     assert grant.body["fence"] > held["fence"]
-    # The wake: sent with its delay (a whole second at least: never early), then received
-    # from the queue and handed to the dispatcher.
+    # The wake: sent with its delay (whole seconds, rounded down: the dispatcher waits out
+    # the rest, so the grant still comes after the expiry), then received from the queue
+    # and handed to the dispatcher.
     wakes = stack.wake_messages(pool)
     assert wakes, "no wake was sent to the queue"
     assert any(m["delayed_until"] - m["sent_timestamp"] >= 1000 for m in wakes), wakes

@@ -27,7 +27,7 @@ use serde_json::Value;
 use tokio::task::JoinSet;
 
 use super::events::{Batch, BatchResponse, Item, Source};
-use super::wake::{delay, SqsWakes, Wake, WakeSender, MAX_DELAY};
+use super::wake::{delay, SqsWakes, Wake, WakeSender, EARLY, MAX_DELAY};
 use super::{Caller, Dispatcher, DELIVERY_BOUND};
 use crate::clock::{deadline_instant, now_ms};
 use crate::config;
@@ -187,6 +187,21 @@ impl Handler {
         mut handled: Vec<u64>,
         deadline: Option<Instant>,
     ) -> Result<(), Failure> {
+        // A wake comes up to a second early (SQS delays in whole seconds,
+        // rounded down): wait out the rest, rather than step too soon and
+        // wake again a second late. Only this pool's task waits.
+        let now = now_ms();
+        let early_by = |at: u64| Duration::from_millis(at.saturating_sub(now));
+        if let Some(wait) = handled
+            .iter()
+            .map(|&at| early_by(at))
+            .filter(|w| *w <= EARLY)
+            .max()
+        {
+            if deadline.is_none_or(|d| Instant::now() + wait + ROUND <= d) {
+                tokio::time::sleep(wait).await;
+            }
+        }
         let mut armed_any = false;
         for _ in 0..ROUNDS {
             let stepped = self
@@ -665,6 +680,54 @@ mod tests {
             state(&f, id, lease).await,
             TicketState::Granted(_)
         ));
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_to_a_second_early_steps_at_its_time() {
+        let f = fixture();
+        let (_release, released) = watch::channel(false);
+        let (addr, mut arrived) = receiver(released).await;
+        let id = PoolId(uuid::Uuid::new_v4());
+        let budget = &mut Budget::new(None);
+        f.service.register(id, 1, budget).await.unwrap();
+        let borrow = BorrowRequest {
+            ttl_ms: 900,
+            wait_ms: 0,
+            lease: LeaseId::new_random(),
+        };
+        let held = f.service.borrow(id, borrow, budget).await.unwrap();
+        let lease = LeaseId::new_random();
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(60_000),
+            lease,
+            callback: Callback {
+                url: format!("http://{addr}/ok"),
+                token: "t".into(),
+            },
+        };
+        f.service.enqueue(id, enqueue, budget).await.unwrap();
+        let step = f.service.dispatch_step(&id.key(), &[], budget).await;
+        assert_eq!(step.unwrap().wake_ms, Some(held.expires_at_ms));
+        assert!(now_ms() < held.expires_at_ms, "the wake is early");
+
+        let batch = wakes(&[("m1", wake(id.key(), held.expires_at_ms))]);
+        let response = f.handler.handle_batch(batch, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        // Granted and delivered by this wake, once the lease had expired.
+        assert_eq!(arrived.try_recv().ok().as_deref(), Some("/ok"));
+        match state(&f, id, lease).await {
+            TicketState::Delivered { grant, .. } => {
+                assert!(grant.granted_ms >= held.expires_at_ms)
+            }
+            other => panic!("{other:?}"),
+        }
+        let sent = f.sent.taken();
+        assert!(
+            sent.iter()
+                .all(|(w, _)| w.at_ms != Some(held.expires_at_ms)),
+            "{sent:?}"
+        );
     }
 
     #[tokio::test]

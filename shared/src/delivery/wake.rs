@@ -90,12 +90,18 @@ impl Classify for serde_json::Error {
     }
 }
 
-/// How long SQS should hold a wake due at `at_ms`: until then, rounded up
-/// to a second, at most `max` (a later wake is re-armed when this arrives).
+/// How long SQS should hold a wake due at `at_ms`: until then, rounded down
+/// to a second (SQS's unit), at most `max` (a later wake is re-armed when
+/// this arrives). Early by less than [`EARLY`], never late: the handler
+/// waits out the rest (rounded up, it would come up to a second late, and
+/// so would the grant of a lease's expiry).
 pub fn delay(at_ms: u64, now_ms: u64, max: Duration) -> Duration {
-    let seconds = at_ms.saturating_sub(now_ms).div_ceil(1000);
+    let seconds = at_ms.saturating_sub(now_ms) / 1000;
     Duration::from_secs(seconds).min(max)
 }
+
+/// How early a wake may arrive for its delay's rounding: one of SQS's seconds.
+pub const EARLY: Duration = Duration::from_secs(1);
 
 /// Where wakes are sent: the SQS wake queue, or a fake in tests.
 #[async_trait]
@@ -167,7 +173,9 @@ mod tests {
     #[test]
     fn wakes_are_delayed_within_sqs_limits() {
         let delay_s = |at, now| delay(at, now, MAX_DELAY).as_secs();
-        assert_eq!(delay_s(10_500, 10_000), 1, "rounded up: never early");
+        assert_eq!(delay_s(10_500, 10_000), 0, "rounded down: never late");
+        assert_eq!(delay_s(11_999, 10_000), 1, "early by less than a second");
+        assert!(Duration::from_millis(11_999 - 10_000) - delay(11_999, 10_000, MAX_DELAY) < EARLY);
         assert_eq!(delay_s(9_000, 10_000), 0, "overdue: at once");
         assert_eq!(delay_s(10_000 + 3_600_000, 10_000), 900);
         assert_eq!(delay(70_000, 0, Duration::from_secs(60)).as_secs(), 60);
