@@ -82,6 +82,49 @@ pub fn dispatcher_settings_from_lookup(
     Ok((Config::from_lookup(var)?, queue_url))
 }
 
+/// What the route functions whose writes can hand a slot to an async ticket
+/// (return, register, borrow, cancel, enqueue) read at start: the service's
+/// settings, then `WAKE_QUEUE_URL` (optional: without it, only the table's
+/// stream wakes the dispatcher, about 200 ms later).
+pub fn granting_settings_from_lookup(
+    var: impl Fn(&str) -> Option<String>,
+) -> Result<(Config, Option<String>), String> {
+    let config = Config::from_lookup(&var)?;
+    Ok((config, var("WAKE_QUEUE_URL").filter(|url| !url.is_empty())))
+}
+
+/// The service of a route function whose writes can hand a slot to an async
+/// ticket ([`granting_settings_from_lookup`]): told of each such grant, it
+/// wakes the dispatcher through the wake queue at once.
+#[cfg(feature = "wake")]
+pub async fn granting_service_from_env() -> Result<Service, String> {
+    let (config, queue_url) = granting_settings_from_lookup(|name| std::env::var(name).ok())?;
+    let (service, _) = service_and_store(config).await;
+    let Some(queue_url) = queue_url else {
+        return Ok(service);
+    };
+    let sender = crate::delivery::wake::SqsWakes::new(sqs_client().await, queue_url);
+    Ok(
+        service.with_on_async_grant(Arc::new(crate::delivery::wake::WakeOnGrant::new(Arc::new(
+            sender,
+        )))),
+    )
+}
+
+/// An SQS client for the route functions' wakes: its calls end within a
+/// second, since the request's answer waits for them (SQS answers in
+/// milliseconds; a slow one only loses the head start, the stream remains).
+#[cfg(feature = "wake")]
+async fn sqs_client() -> aws_sdk_sqs::Client {
+    let timeouts = TimeoutConfig::builder()
+        .connect_timeout(Duration::from_millis(500))
+        .operation_attempt_timeout(Duration::from_millis(500))
+        .operation_timeout(Duration::from_secs(1))
+        .build();
+    let loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
+    aws_sdk_sqs::Client::new(&loader.load().await)
+}
+
 /// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25),
 /// `MAX_WAITERS` (default 100) and `MAX_ASYNC_WAIT_SECONDS` (an async
 /// ticket's longest wait; default 86400, a day).
@@ -273,6 +316,20 @@ mod tests {
             wake_queue_from_lookup(lookup(&[("WAKE_QUEUE_URL", "http://q/1")])),
             Ok("http://q/1".to_string())
         );
+    }
+
+    #[test]
+    fn the_routes_wake_queue_is_optional() {
+        let table = ("TABLE_NAME", "t");
+        let queue =
+            |pairs: &[(&str, &str)]| granting_settings_from_lookup(lookup(pairs)).map(|s| s.1);
+        assert_eq!(queue(&[table]), Ok(None));
+        assert_eq!(queue(&[table, ("WAKE_QUEUE_URL", "")]), Ok(None));
+        assert_eq!(
+            queue(&[table, ("WAKE_QUEUE_URL", "http://q/1")]),
+            Ok(Some("http://q/1".to_string()))
+        );
+        assert!(queue(&[("WAKE_QUEUE_URL", "http://q/1")]).is_err());
     }
 
     #[test]

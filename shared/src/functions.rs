@@ -53,6 +53,10 @@ impl Serves {
 pub enum Init {
     /// `config::service_from_env`: the service's settings.
     Service,
+    /// `config::granting_service_from_env`: the service's settings and the
+    /// wake queue its grants to async tickets wake the dispatcher through
+    /// (`config::granting_settings_from_lookup`).
+    Granting,
     /// `delivery::Handler::from_env`: the service's settings and the wake
     /// queue (`config::dispatcher_settings_from_lookup`).
     Dispatcher,
@@ -134,6 +138,27 @@ const SERVICE_ENV: [EnvVar; 9] = [
     optional("RUST_LOG"),
 ];
 
+/// What `config::granting_settings_from_lookup` reads: the service's
+/// settings and, optional, the wake queue.
+const GRANTING_ENV: [EnvVar; 10] = [
+    required("TABLE_NAME"),
+    optional("MAX_TTL_SECONDS"),
+    optional("MAX_WAIT_SECONDS"),
+    optional("MAX_WAITERS"),
+    optional("MAX_ASYNC_WAIT_SECONDS"),
+    optional("AWS_ENDPOINT_URL_DYNAMODB"),
+    optional("ALLOW_LOCAL_CALLBACKS"),
+    optional("WAKE_QUEUE_URL"),
+    optional("METRICS_NAMESPACE"),
+    optional("RUST_LOG"),
+];
+
+/// The wake without delay a write that hands a slot to an async ticket sends.
+const WAKE_NOW: Call = Call {
+    action: "sqs:SendMessage",
+    on: Resource::WakeQueue,
+};
+
 const DISPATCHER_ENV: [EnvVar; 10] = [
     required("TABLE_NAME"),
     required("WAKE_QUEUE_URL"),
@@ -157,14 +182,15 @@ pub const FUNCTIONS: [Function; 10] = [
         logical_id: "RegisterFunction",
         binary: "register",
         routes: &[Serves::Route(Route::Register)],
-        init: Init::Service,
-        env: &SERVICE_ENV,
+        init: Init::Granting,
+        env: &GRANTING_ENV,
         // GetItem: the pool item read again after a write whose outcome is
         // unknown, or after lost writes.
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:PutItem"),
             on_table("dynamodb:UpdateItem"),
+            WAKE_NOW,
         ],
     },
     Function {
@@ -194,8 +220,8 @@ pub const FUNCTIONS: [Function; 10] = [
         logical_id: "BorrowFunction",
         binary: "borrow",
         routes: &[Serves::Route(Route::Borrow)],
-        init: Init::Service,
-        env: &SERVICE_ENV,
+        init: Init::Granting,
+        env: &GRANTING_ENV,
         // PutItem and the index: a borrower behind async tickets waits in
         // the backlog (its ticket item) and admits its head.
         calls: &[
@@ -206,31 +232,34 @@ pub const FUNCTIONS: [Function; 10] = [
                 action: "dynamodb:Query",
                 on: Resource::Index("by_ticket"),
             },
+            WAKE_NOW,
         ],
     },
     Function {
         logical_id: "ReturnFunction",
         binary: "return-lease",
         routes: &[Serves::Route(Route::Return)],
-        init: Init::Service,
-        env: &SERVICE_ENV,
+        init: Init::Granting,
+        env: &GRANTING_ENV,
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
+            WAKE_NOW,
         ],
     },
     Function {
         logical_id: "EnqueueFunction",
         binary: "enqueue",
         routes: &[Serves::Route(Route::Enqueue)],
-        init: Init::Service,
-        env: &SERVICE_ENV,
+        init: Init::Granting,
+        env: &GRANTING_ENV,
         // DeleteItem: a stale ticket of a pool deleted since.
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
             on_table("dynamodb:PutItem"),
             on_table("dynamodb:DeleteItem"),
+            WAKE_NOW,
         ],
     },
     Function {
@@ -249,11 +278,12 @@ pub const FUNCTIONS: [Function; 10] = [
         logical_id: "CancelFunction",
         binary: "cancel",
         routes: &[Serves::Route(Route::Cancel)],
-        init: Init::Service,
-        env: &SERVICE_ENV,
+        init: Init::Granting,
+        env: &GRANTING_ENV,
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
+            WAKE_NOW,
         ],
     },
     Function {
@@ -375,6 +405,7 @@ mod tests {
     fn init_reads(init: Init) -> impl Fn(Lookup) -> bool {
         move |var| match init {
             Init::Service => Config::from_lookup(var).is_ok(),
+            Init::Granting => crate::config::granting_settings_from_lookup(var).is_ok(),
             Init::Dispatcher => crate::config::dispatcher_settings_from_lookup(var).is_ok(),
             Init::Nothing => true,
         }
@@ -445,6 +476,7 @@ mod tests {
             let main = std::fs::read_to_string(&path).unwrap_or_default();
             let builds = match f.init {
                 Init::Service => "config::service_from_env()",
+                Init::Granting => "config::granting_service_from_env()",
                 Init::Dispatcher => "Handler::from_env()",
                 Init::Nothing => "lambda::fallback",
             };

@@ -2,14 +2,14 @@
 //!
 //! Dependencies point inward: entrypoints ([`api::lambda`], local-api) →
 //! [`api`] → [`service`] → [`domain`] and the [`store`] traits; `delivery`
-//! (async mode's, feature `dispatch`) sits above the service, the callback
-//! URL policy ([`callback`]) below it.
+//! (async mode's, feature `dispatch`; its wake queue alone, feature `wake`)
+//! sits above the service, the callback URL policy ([`callback`]) below it.
 
 pub mod api;
 pub mod callback;
 pub mod clock;
 pub mod config;
-#[cfg(feature = "dispatch")]
+#[cfg(feature = "wake")]
 pub mod delivery;
 pub mod domain;
 pub mod error;

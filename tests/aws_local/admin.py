@@ -13,6 +13,8 @@ POST /invoke/{LogicalId}    invoke a function with the body as its event; answer
                             function's response, or its error with X-Amz-Function-Error
                             (as Lambda's Invoke API does)
 GET  /stack                 the endpoints, table, queues, routes and run directory
+PUT  /stream-delay          the stream source's delay before each batch from now on:
+                            {"ms": N}; answers the one it replaced (--stream-delay-ms)
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class Admin:
         app.router.add_get("/stats", self.stats)
         app.router.add_post("/invoke/{function}", self.invoke)
         app.router.add_get("/stack", self.describe)
+        app.router.add_put("/stream-delay", self.stream_delay)
         return app
 
     async def calls(self, request: web.Request) -> web.Response:
@@ -149,6 +152,20 @@ class Admin:
                 headers={"X-Amz-Function-Error": "Unhandled"},
             )
         return web.Response(body=raw, content_type="application/json")
+
+    async def stream_delay(self, request: web.Request) -> web.Response:
+        try:
+            spec = await request.json()
+            ms = spec["ms"] if isinstance(spec, dict) else None
+            if not isinstance(ms, int) or isinstance(ms, bool) or ms < 0:
+                raise ValueError("ms must be a whole number of milliseconds, 0 or more")
+        except (ValueError, KeyError) as err:
+            return web.json_response({"message": str(err)}, status=400)
+        streams = [s for s in self.sources if type(s).__name__ == "StreamSource"]
+        before = [round(s.delay_s * 1000) for s in streams]
+        for source in streams:
+            source.delay_s = ms / 1000
+        return web.json_response({"ms": before[0] if before else None})
 
     async def describe(self, request: web.Request) -> web.Response:
         return web.json_response(self.stack)

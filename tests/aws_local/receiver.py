@@ -1,6 +1,8 @@
 """A callback receiver for async mode's grants: a threaded HTTP server on 127.0.0.1 that
 records every POST (its path, headers and JSON body, and when it came) and answers 200.
-The tests and bench.py give each ticket its own path, so that they can wait for its grant."""
+The tests and bench.py give each ticket its own path, so that they can wait for its grant.
+A path under /hang/ is recorded when it comes but answered only once released (a receiver
+that hangs: each attempt times out on the dispatcher's side until then)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,8 @@ class Receiver:
     def __init__(self) -> None:
         self._got: list[Received] = []
         self._changed = threading.Condition()
+        self._released: set[str] = set()
+        self._closed = False
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -40,12 +44,20 @@ class Receiver:
                 received = Received(
                     time.time(), self.path, {k.lower(): v for k, v in self.headers.items()}, body
                 )
+                if self.path.startswith("/hang/"):
+                    with receiver._changed:
+                        receiver._got.append(received)
+                        receiver._changed.notify_all()
+                        receiver._changed.wait_for(
+                            lambda: self.path in receiver._released or receiver._closed
+                        )
                 self.send_response(200)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
-                with receiver._changed:
-                    receiver._got.append(received)
-                    receiver._changed.notify_all()
+                if not self.path.startswith("/hang/"):
+                    with receiver._changed:
+                        receiver._got.append(received)
+                        receiver._changed.notify_all()
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -72,6 +84,15 @@ class Receiver:
                     raise TimeoutError(f"no request to {path} within {timeout} s")
                 self._changed.wait(left)
 
+    def release(self, path: str) -> None:
+        """Answers the requests to a /hang/ path, those waiting and those to come."""
+        with self._changed:
+            self._released.add(path)
+            self._changed.notify_all()
+
     def close(self) -> None:
+        with self._changed:
+            self._closed = True
+            self._changed.notify_all()
         self._server.shutdown()
         self._server.server_close()

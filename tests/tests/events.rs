@@ -158,8 +158,9 @@ async fn receiver() -> (String, Arc<Mutex<Vec<Delivered>>>) {
     (url, got)
 }
 
-/// enqueue → ticket → the stream batch (the dispatcher grants and delivers)
-/// → the wake batch → cancel (a delivered ticket keeps its grant) → return.
+/// enqueue → ticket → the stream batch (the dispatcher grants, and hands the
+/// delivery to the wake queue) → the wake batch (it delivers) → cancel (a
+/// delivered ticket keeps its grant) → return.
 async fn async_fixtures_run_through_the_routes_and_the_dispatcher(service: &Service) {
     let dispatcher = dispatcher_on_dynamodb().await;
     let (url, got) = receiver().await;
@@ -182,9 +183,26 @@ async fn async_fixtures_run_through_the_routes_and_the_dispatcher(service: &Serv
     );
 
     // What the stream tells the dispatcher of the enqueue: the ticket's
-    // insert and the pool item's change.
+    // insert and the pool item's change. It grants, and delivers nothing
+    // itself: the wake queue's invocation does.
     let stream = read_event("dispatcher-stream.json");
     let response = dispatcher.handler.handle_batch(stream, None).await.unwrap();
+    assert_eq!(response, BatchResponse::default());
+    assert_eq!(got.lock().unwrap().len(), 0);
+    let (_, ticket) = invoke(service, Route::Ticket, &read_event("ticket.json")).await;
+    assert_eq!(ticket["state"], "granted", "{ticket}");
+    let sent = dispatcher.wakes.taken();
+    assert_eq!(
+        sent.len(),
+        2,
+        "the step's next wake, then the hand-off: {sent:?}"
+    );
+    assert_eq!((sent[1].0.at_ms, sent[1].1.as_secs()), (None, 0));
+
+    // A wake long past (as the hand-off's would be): the pool is stepped,
+    // its grant delivered, nothing else due, nothing more armed.
+    let wake = read_event("dispatcher-wake.json");
+    let response = dispatcher.handler.handle_batch(wake, None).await.unwrap();
     assert_eq!(response, BatchResponse::default());
     let delivered = got.lock().unwrap().clone();
     assert_eq!(delivered.len(), 1, "{delivered:?}");
@@ -192,12 +210,7 @@ async fn async_fixtures_run_through_the_routes_and_the_dispatcher(service: &Serv
     assert_eq!(delivered[0].body["ticket"], 0);
     let (_, ticket) = invoke(service, Route::Ticket, &read_event("ticket.json")).await;
     assert_eq!(ticket["state"], "delivered", "{ticket}");
-
-    // A wake long past: the pool is stepped, nothing is due, nothing armed.
-    let wake = read_event("dispatcher-wake.json");
-    let response = dispatcher.handler.handle_batch(wake, None).await.unwrap();
-    assert_eq!(response, BatchResponse::default());
-    assert_eq!(dispatcher.wakes.taken().len(), 1, "the grant's expiry only");
+    assert_eq!(dispatcher.wakes.taken().len(), 0);
 
     let (status, cancelled) = invoke(service, Route::Cancel, &read_event("cancel.json")).await;
     assert_eq!((status, &cancelled["state"]), (200, &json!("delivered")));

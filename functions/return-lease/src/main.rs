@@ -6,7 +6,7 @@ use semaphore::{config, lambda, Route};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     lambda_http::tracing::init_default_subscriber();
-    let service = config::service_from_env().await?;
+    let service = config::granting_service_from_env().await?;
     lambda_http::run(service_fn(|request| {
         lambda::handle(&service, Route::Return, request)
     }))

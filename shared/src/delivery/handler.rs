@@ -1,7 +1,15 @@
 //! The dispatcher as a Lambda function: each batch (the table's stream, or
-//! the wake queue) handled pool by pool — step, arm the next wake, deliver
-//! — and answered with the records that failed, so that one pool's failure
-//! never makes the others' records run again.
+//! the wake queue) handled pool by pool, the pools side by side — step, arm
+//! the next wake, deliver — and answered with the records that failed, so
+//! that one pool's failure never makes the others' records run again, and
+//! one pool's slow receiver never holds up another's delivery.
+//!
+//! Only wake queue batches deliver. A stream shard's next batch waits for
+//! the current invocation to end, so a stream batch that delivered would
+//! hold every later change of its shard's pools behind its slowest
+//! receiver: it steps (recording grants) and hands what is to deliver to
+//! the wake queue, a wake without delay, whose invocation delivers it (a
+//! granted ticket is delivered again by any later step until it ends).
 //!
 //! The pending wake (`WakeStore`) is what keeps wakes few: an invocation
 //! sends one only when its conditional write of the pool's wake lands.
@@ -10,7 +18,7 @@
 //! received counts as past, and SQS delivers at least once. A stray costs
 //! one step and arms nothing unless the pool needs it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +27,7 @@ use serde_json::Value;
 use tokio::task::JoinSet;
 
 use super::events::{Batch, BatchResponse, Item, Source};
-use super::wake::{delay, SqsWakes, Wake, WakeSender, MAX_DELAY};
+use super::wake::{delay, SqsWakes, Wake, WakeSender, EARLY, MAX_DELAY};
 use super::{Caller, Dispatcher, DELIVERY_BOUND};
 use crate::clock::{deadline_instant, now_ms};
 use crate::config;
@@ -33,7 +41,9 @@ const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
 /// Rounds per pool and invocation (each delivers what the last step granted).
 const ROUNDS: usize = 16;
 
-/// The dispatcher function's state, built once at init.
+/// The dispatcher function's state, built once at init (cloned into each
+/// pool's task).
+#[derive(Clone)]
 pub struct Handler {
     dispatcher: Arc<Dispatcher>,
     wakes: Arc<dyn WakeStore>,
@@ -128,29 +138,70 @@ impl Handler {
                 }
             }
         }
+        // Each pool in a task of its own: one pool's receiver, however
+        // slow, delays no other pool's delivery.
+        let mut running = JoinSet::new();
+        let mut ids: HashMap<tokio::task::Id, (PoolKey, Vec<String>)> = HashMap::new();
         for (key, records) in pools {
-            if let Err(err) = self.run_pool(key, records.wakes, deadline).await {
-                tracing::warn!(pool = %PoolKeyPrefix::of(&key), error = %err,
-                    records = records.ids.len(), "a pool's records failed: reported as failed");
-                for id in &records.ids {
-                    response.failed(id);
-                }
+            let handler = self.clone();
+            let source = batch.source;
+            let task = running.spawn(async move {
+                handler
+                    .run_pool(key, source, records.wakes, deadline)
+                    .await
+                    .map_err(|e| e.to_string())
+            });
+            ids.insert(task.id(), (key, records.ids));
+        }
+        let mut failed: BTreeMap<PoolKey, Vec<String>> = BTreeMap::new();
+        while let Some(joined) = running.join_next_with_id().await {
+            let (task, error) = match joined {
+                Ok((_, Ok(()))) => continue,
+                Ok((task, Err(err))) => (task, err),
+                // A panic fails that pool's records alone.
+                Err(err) => (err.id(), format!("its task failed: {err}")),
+            };
+            if let Some((key, records)) = ids.remove(&task) {
+                tracing::warn!(pool = %PoolKeyPrefix::of(&key), error = %error,
+                    records = records.len(), "a pool's records failed: reported as failed");
+                failed.insert(key, records);
             }
+        }
+        // In the pools' order, whatever order their tasks ended in.
+        for id in failed.values().flatten() {
+            response.failed(id);
         }
         Ok(response)
     }
 
     /// Steps the pool, arming its next wake at once (before any delivery,
-    /// which may outlast this invocation) and making its deliveries side by
-    /// side, round after round while they leave work and time. `handled`:
-    /// the wakes of it being handled (they may arrive early, and are no
-    /// longer pending).
+    /// which may outlast this invocation); then, from the wake queue, makes
+    /// its deliveries side by side, round after round while they leave work
+    /// and time, or, from the stream, hands them to the wake queue.
+    /// `handled`: the wakes of it being handled (they may arrive early, and
+    /// are no longer pending).
     async fn run_pool(
         &self,
         key: PoolKey,
+        source: Source,
         mut handled: Vec<u64>,
         deadline: Option<Instant>,
     ) -> Result<(), Failure> {
+        // A wake comes up to a second early (SQS delays in whole seconds,
+        // rounded down): wait out the rest, rather than step too soon and
+        // wake again a second late. Only this pool's task waits.
+        let now = now_ms();
+        let early_by = |at: u64| Duration::from_millis(at.saturating_sub(now));
+        if let Some(wait) = handled
+            .iter()
+            .map(|&at| early_by(at))
+            .filter(|w| *w <= EARLY)
+            .max()
+        {
+            if deadline.is_none_or(|d| Instant::now() + wait + ROUND <= d) {
+                tokio::time::sleep(wait).await;
+            }
+        }
         let mut armed_any = false;
         for _ in 0..ROUNDS {
             let stepped = self
@@ -159,10 +210,27 @@ impl Handler {
                 .await
                 .map_err(|e| format!("{e:?}"))?;
             if let Some(at) = stepped.wake_ms {
-                self.arm(key, at, &mut handled).await?;
+                if let Err(err) = self.arm(key, at, &mut handled).await {
+                    // Unmarked, or this sandbox's later steps would pass
+                    // them by: the records' retry delivers them.
+                    self.dispatcher.abandon(key, &stepped.deliver);
+                    return Err(err);
+                }
                 armed_any = true;
             }
             if stepped.deliver.is_empty() {
+                break;
+            }
+            if source == Source::Stream {
+                // Not here: the shard's next batch would wait for the
+                // receivers. A wake without delay (outside the pending
+                // wake: a stray costs a step) has them delivered.
+                self.dispatcher.abandon(key, &stepped.deliver);
+                let now = Wake { key, at_ms: None };
+                self.sender
+                    .send(&now, Duration::ZERO)
+                    .await
+                    .map_err(|err| format!("the deliveries were not handed on: {err}"))?;
                 break;
             }
             if deadline.is_some_and(|d| Instant::now() + ROUND > d) {
@@ -218,16 +286,18 @@ impl Handler {
 
 #[cfg(test)]
 mod tests {
+    use std::net::SocketAddr;
     use std::sync::Mutex;
 
     use async_trait::async_trait;
     use base64::engine::general_purpose::STANDARD;
     use base64::Engine;
     use serde_json::json;
+    use tokio::sync::{mpsc, watch};
 
     use super::*;
     use crate::callback::CallbackPolicy;
-    use crate::domain::Callback;
+    use crate::domain::{Callback, TicketState};
     use crate::keys::{LeaseId, PoolId};
     use crate::service::{BorrowRequest, Budget, EnqueueRequest};
     use crate::store::MemoryStore;
@@ -428,6 +498,236 @@ mod tests {
         // The unsent wake is not left pending: the retry arms it again.
         assert_eq!(f.store.pending_wake(&failing), None);
         assert_eq!(f.store.pending_wake(&fine), Some(at));
+    }
+
+    /// A receiver on a loopback port that tells each request's path as it
+    /// arrives: `/ok…` answers 200 at once, `/hang…` only once `release`
+    /// says so (each attempt until then times out, and is retried).
+    async fn receiver(
+        release: watch::Receiver<bool>,
+    ) -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
+        use http_body_util::Full;
+        use hyper::body::{Bytes, Incoming};
+        use hyper::{Request, Response};
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tell, told) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (tell, release) = (tell.clone(), release.clone());
+                tokio::spawn(async move {
+                    let serve = hyper::service::service_fn(move |request: Request<Incoming>| {
+                        let (tell, mut release) = (tell.clone(), release.clone());
+                        async move {
+                            let path = request.uri().path().to_string();
+                            let _ = tell.send(path.clone());
+                            if path.starts_with("/hang") {
+                                let _ = release.wait_for(|released| *released).await;
+                            }
+                            Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::new())))
+                        }
+                    });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, serve)
+                        .await;
+                });
+            }
+        });
+        (addr, told)
+    }
+
+    /// A pool of one free slot and an async ticket calling back `url`: the
+    /// ticket's lease id (its step grants it at once).
+    async fn free_pool_with_a_ticket(f: &Fixture, id: PoolId, url: String) -> LeaseId {
+        let budget = &mut Budget::new(None);
+        f.service.register(id, 1, budget).await.unwrap();
+        let lease = LeaseId::new_random();
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(60_000),
+            lease,
+            callback: Callback {
+                url,
+                token: "t".into(),
+            },
+        };
+        f.service.enqueue(id, enqueue, budget).await.unwrap();
+        lease
+    }
+
+    async fn state(f: &Fixture, id: PoolId, lease: LeaseId) -> TicketState {
+        let budget = &mut Budget::new(None);
+        f.service
+            .ticket(id, lease, budget)
+            .await
+            .unwrap()
+            .item
+            .state
+    }
+
+    fn now_wake(key: PoolKey) -> Wake {
+        Wake { key, at_ms: None }
+    }
+
+    #[tokio::test]
+    async fn a_hanging_receiver_holds_up_no_other_pool() {
+        let f = fixture();
+        let (release, released) = watch::channel(false);
+        let (addr, mut arrived) = receiver(released).await;
+        let mut ids = [PoolId(uuid::Uuid::new_v4()), PoolId(uuid::Uuid::new_v4())];
+        // The hanging pool first in the batch's order: handled one after the
+        // other, the pools would deliver the second only after it.
+        ids.sort_by_key(|id| id.key().0);
+        let [hanging, fine] = ids;
+        let stuck = free_pool_with_a_ticket(&f, hanging, format!("http://{addr}/hang")).await;
+        let taken = free_pool_with_a_ticket(&f, fine, format!("http://{addr}/ok")).await;
+        let batch = wakes(&[
+            ("m1", now_wake(hanging.key())),
+            ("m2", now_wake(fine.key())),
+        ]);
+        let handler = f.handler.clone();
+        let running = tokio::spawn(async move { handler.handle_batch(batch, None).await });
+
+        // Bounded only so that a regression fails instead of hanging: the
+        // hanging delivery lasts its lease's 30 s.
+        let mut paths = Vec::new();
+        while !paths.iter().any(|p| p == "/ok") {
+            let path = tokio::time::timeout(Duration::from_secs(20), arrived.recv()).await;
+            paths.push(path.expect("the other pool's callback came").unwrap());
+        }
+        assert!(paths.iter().any(|p| p == "/hang"), "under way: {paths:?}");
+        assert!(!running.is_finished());
+        assert!(matches!(
+            state(&f, hanging, stuck).await,
+            TicketState::Granted(_)
+        ));
+
+        release.send(true).unwrap();
+        let response = running.await.unwrap().unwrap();
+        assert_eq!(response, BatchResponse::default());
+        for (id, lease) in [(hanging, stuck), (fine, taken)] {
+            let state = state(&f, id, lease).await;
+            assert!(matches!(state, TicketState::Delivered { .. }), "{state:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_stream_batch_hands_its_deliveries_to_the_queue() {
+        let f = fixture();
+        let (_release, released) = watch::channel(false);
+        let (addr, mut arrived) = receiver(released).await;
+        let id = PoolId(uuid::Uuid::new_v4());
+        let lease = free_pool_with_a_ticket(&f, id, format!("http://{addr}/ok")).await;
+        let key = id.key();
+        let stream = json!({"Records": [{"eventID": "1", "eventName": "MODIFY",
+            "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
+            "dynamodb": {"Keys": {"pk": {"B": STANDARD.encode(key.0)}, "sk": {"B": "AA=="}},
+                "SequenceNumber": "1", "SizeBytes": 30}}]});
+        let response = f.handler.handle_batch(stream, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        // Granted (the step recorded it), delivered by nobody yet: the
+        // wake without delay hands it on, after the pool's armed wake.
+        assert!(matches!(
+            state(&f, id, lease).await,
+            TicketState::Granted(_)
+        ));
+        assert!(arrived.try_recv().is_err(), "the stream batch delivered");
+        let sent = f.sent.taken();
+        assert_eq!(
+            sent.last(),
+            Some(&(now_wake(key), Duration::ZERO)),
+            "{sent:?}"
+        );
+        assert!(sent[..sent.len() - 1]
+            .iter()
+            .all(|(w, _)| w.at_ms.is_some()));
+
+        // The wake's invocation delivers it (nothing of it is left marked
+        // under way by the stream's).
+        let batch = wakes(&[("m1", now_wake(key))]);
+        let response = f.handler.handle_batch(batch, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        assert_eq!(arrived.recv().await.as_deref(), Some("/ok"));
+        let state = state(&f, id, lease).await;
+        assert!(matches!(state, TicketState::Delivered { .. }), "{state:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stream_batch_that_cannot_reach_the_queue_fails_and_its_retry_hands_on() {
+        let f = fixture();
+        let id = PoolId(uuid::Uuid::new_v4());
+        let lease = free_pool_with_a_ticket(&f, id, "http://127.0.0.1:9/hook".into()).await;
+        *f.sent.fail_for.lock().unwrap() = Some(id.key());
+        let stream = json!({"Records": [{"eventID": "1", "eventName": "MODIFY",
+            "eventSource": "aws:dynamodb", "awsRegion": "us-east-1",
+            "dynamodb": {"Keys": {"pk": {"B": STANDARD.encode(id.key().0)}, "sk": {"B": "AA=="}},
+                "SequenceNumber": "7", "SizeBytes": 30}}]});
+        let response = f.handler.handle_batch(stream.clone(), None).await.unwrap();
+        assert_eq!(response.ids(), ["7"], "retried by the stream");
+        // The retry hands on the grant recorded the first time.
+        *f.sent.fail_for.lock().unwrap() = None;
+        let response = f.handler.handle_batch(stream, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        let sent = f.sent.taken();
+        assert_eq!(
+            sent.last(),
+            Some(&(now_wake(id.key()), Duration::ZERO)),
+            "{sent:?}"
+        );
+        assert!(matches!(
+            state(&f, id, lease).await,
+            TicketState::Granted(_)
+        ));
+    }
+
+    #[tokio::test]
+    async fn a_wake_up_to_a_second_early_steps_at_its_time() {
+        let f = fixture();
+        let (_release, released) = watch::channel(false);
+        let (addr, mut arrived) = receiver(released).await;
+        let id = PoolId(uuid::Uuid::new_v4());
+        let budget = &mut Budget::new(None);
+        f.service.register(id, 1, budget).await.unwrap();
+        let borrow = BorrowRequest {
+            ttl_ms: 900,
+            wait_ms: 0,
+            lease: LeaseId::new_random(),
+        };
+        let held = f.service.borrow(id, borrow, budget).await.unwrap();
+        let lease = LeaseId::new_random();
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(60_000),
+            lease,
+            callback: Callback {
+                url: format!("http://{addr}/ok"),
+                token: "t".into(),
+            },
+        };
+        f.service.enqueue(id, enqueue, budget).await.unwrap();
+        let step = f.service.dispatch_step(&id.key(), &[], budget).await;
+        assert_eq!(step.unwrap().wake_ms, Some(held.expires_at_ms));
+        assert!(now_ms() < held.expires_at_ms, "the wake is early");
+
+        let batch = wakes(&[("m1", wake(id.key(), held.expires_at_ms))]);
+        let response = f.handler.handle_batch(batch, None).await.unwrap();
+        assert_eq!(response, BatchResponse::default());
+        // Granted and delivered by this wake, once the lease had expired.
+        assert_eq!(arrived.try_recv().ok().as_deref(), Some("/ok"));
+        match state(&f, id, lease).await {
+            TicketState::Delivered { grant, .. } => {
+                assert!(grant.granted_ms >= held.expires_at_ms)
+            }
+            other => panic!("{other:?}"),
+        }
+        let sent = f.sent.taken();
+        assert!(
+            sent.iter()
+                .all(|(w, _)| w.at_ms != Some(held.expires_at_ms)),
+            "{sent:?}"
+        );
     }
 
     #[tokio::test]

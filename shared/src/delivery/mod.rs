@@ -9,21 +9,34 @@
 //!
 //! [`Local`] runs it in-process (local-api), woken by the service's watch and
 //! by timers at each pool's next expiry; in AWS the table's stream and a
-//! wake queue do the same, their batches handled by [`Handler`].
+//! wake queue do the same, their batches handled by [`Handler`]. The route
+//! functions whose writes hand slots to async tickets build only [`wake`]
+//! (feature `wake`, without the callbacks' HTTP client): they wake the
+//! dispatcher at once instead of waiting for the stream.
 //!
 //! [`Service::dispatch_step`]: crate::service::Service::dispatch_step
 
+#[cfg(feature = "dispatch")]
 mod caller;
+#[cfg(feature = "dispatch")]
 mod dispatcher;
+#[cfg(feature = "dispatch")]
 pub mod events;
+#[cfg(feature = "dispatch")]
 mod handler;
+#[cfg(feature = "dispatch")]
 mod local;
 #[cfg(feature = "stream")]
 pub mod stream;
 pub mod wake;
 
+#[cfg(feature = "dispatch")]
 pub use caller::{Attempt, Caller, CheckedResolver};
+#[cfg(feature = "dispatch")]
 pub use dispatcher::{Dispatcher, DELIVERY_BOUND};
+#[cfg(feature = "dispatch")]
 pub use events::{Batch, BatchResponse};
+#[cfg(feature = "dispatch")]
 pub use handler::Handler;
+#[cfg(feature = "dispatch")]
 pub use local::Local;

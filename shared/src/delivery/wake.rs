@@ -2,7 +2,13 @@
 //! time, sent to the wake queue delayed until then. SQS delays a message by
 //! at most 15 minutes, so a later wake arrives early, and the step it runs
 //! arms the rest (see `handler.rs`).
+//!
+//! A wake without a time steps the pool at once: what a route function
+//! sends when its write hands a slot to an async ticket ([`WakeOnGrant`]),
+//! and what a stream batch hands its deliveries on with. It bypasses the
+//! pending wake (`wk`): a step is idempotent, and a stray one costs a step.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,6 +17,8 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::keys::PoolKey;
+use crate::metrics::PoolKeyPrefix;
+use crate::service::OnAsyncGrant;
 
 /// SQS delays a message by at most 15 minutes.
 pub const MAX_DELAY: Duration = Duration::from_secs(900);
@@ -53,6 +61,7 @@ impl Wake {
 }
 
 /// A pool key from its bytes (a stream record's `pk`, a wake's `pool`).
+#[cfg_attr(not(feature = "dispatch"), allow(dead_code))]
 pub(super) fn pool_key_from_bytes(bytes: &[u8]) -> Result<PoolKey, String> {
     <[u8; 16]>::try_from(bytes)
         .map(PoolKey)
@@ -81,12 +90,18 @@ impl Classify for serde_json::Error {
     }
 }
 
-/// How long SQS should hold a wake due at `at_ms`: until then, rounded up
-/// to a second, at most `max` (a later wake is re-armed when this arrives).
+/// How long SQS should hold a wake due at `at_ms`: until then, rounded down
+/// to a second (SQS's unit), at most `max` (a later wake is re-armed when
+/// this arrives). Early by less than [`EARLY`], never late: the handler
+/// waits out the rest (rounded up, it would come up to a second late, and
+/// so would the grant of a lease's expiry).
 pub fn delay(at_ms: u64, now_ms: u64, max: Duration) -> Duration {
-    let seconds = at_ms.saturating_sub(now_ms).div_ceil(1000);
+    let seconds = at_ms.saturating_sub(now_ms) / 1000;
     Duration::from_secs(seconds).min(max)
 }
+
+/// How early a wake may arrive for its delay's rounding: one of SQS's seconds.
+pub const EARLY: Duration = Duration::from_secs(1);
 
 /// Where wakes are sent: the SQS wake queue, or a fake in tests.
 #[async_trait]
@@ -122,6 +137,35 @@ impl WakeSender for SqsWakes {
     }
 }
 
+/// The service's [`OnAsyncGrant`] in AWS: a wake of the pool without delay,
+/// so that the dispatcher steps it and delivers within tens of milliseconds
+/// instead of after the table's stream (about 200 ms, and a shard's batches
+/// wait for each other). A failed send is logged, never the request's
+/// failure: the stream still invokes the dispatcher for the same write.
+pub struct WakeOnGrant {
+    sender: Arc<dyn WakeSender>,
+}
+
+impl WakeOnGrant {
+    pub fn new(sender: Arc<dyn WakeSender>) -> Self {
+        WakeOnGrant { sender }
+    }
+}
+
+#[async_trait]
+impl OnAsyncGrant for WakeOnGrant {
+    async fn granted(&self, key: &PoolKey) {
+        let wake = Wake {
+            key: *key,
+            at_ms: None,
+        };
+        if let Err(err) = self.sender.send(&wake, Duration::ZERO).await {
+            tracing::warn!(pool = %PoolKeyPrefix::of(key), error = %err,
+                "the dispatcher was not woken for a grant: the table's stream delivers it");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,7 +173,9 @@ mod tests {
     #[test]
     fn wakes_are_delayed_within_sqs_limits() {
         let delay_s = |at, now| delay(at, now, MAX_DELAY).as_secs();
-        assert_eq!(delay_s(10_500, 10_000), 1, "rounded up: never early");
+        assert_eq!(delay_s(10_500, 10_000), 0, "rounded down: never late");
+        assert_eq!(delay_s(11_999, 10_000), 1, "early by less than a second");
+        assert!(Duration::from_millis(11_999 - 10_000) - delay(11_999, 10_000, MAX_DELAY) < EARLY);
         assert_eq!(delay_s(9_000, 10_000), 0, "overdue: at once");
         assert_eq!(delay_s(10_000 + 3_600_000, 10_000), 900);
         assert_eq!(delay(70_000, 0, Duration::from_secs(60)).as_secs(), 60);

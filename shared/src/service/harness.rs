@@ -140,15 +140,23 @@ impl Harness<'_> {
             // As the stream's filter passes writes to the dispatcher.
             Ok(Updated::Written(record)) if record.pool.line().active => {
                 self.changed(key);
-                if let Some(hook) = self.on_async_grant {
-                    if record.pool.granted_async_since(&read.pool) {
-                        hook.granted(key).await;
-                    }
+                if record.pool.granted_async_since(&read.pool) {
+                    self.granted_async(key).await;
                 }
             }
             _ => {}
         }
         result
+    }
+
+    /// Tells the service's hook that the pool has a grant for an async
+    /// ticket to deliver (handed by a write, or owed to an enqueue that
+    /// found a free slot), within the time the request has left: the
+    /// table's stream stays the backstop of a hook that is cut short.
+    pub(super) async fn granted_async(&self, key: &PoolKey) {
+        if let Some(hook) = self.on_async_grant {
+            let _ = tokio::time::timeout_at(self.answer_by.into(), hook.granted(key)).await;
+        }
     }
 
     pub(super) fn changed(&self, key: &PoolKey) {

@@ -117,3 +117,122 @@ impl Service {
         self.timing
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::domain::Callback;
+    use crate::keys::{LeaseId, PoolId};
+    use crate::store::MemoryStore;
+
+    /// The pools the hook was told of, in order.
+    #[derive(Default)]
+    struct Told(Mutex<Vec<PoolKey>>);
+
+    #[async_trait::async_trait]
+    impl OnAsyncGrant for Told {
+        async fn granted(&self, key: &PoolKey) {
+            self.0.lock().unwrap().push(*key);
+        }
+    }
+
+    impl Told {
+        fn taken(&self) -> Vec<PoolKey> {
+            std::mem::take(&mut self.0.lock().unwrap())
+        }
+    }
+
+    fn service() -> (Service, Arc<Told>) {
+        let store = Arc::new(MemoryStore::new());
+        let told = Arc::new(Told::default());
+        let service = Service::new(store.clone(), Limits::default())
+            .with_tickets(store)
+            .with_callback_policy(CallbackPolicy { allow_local: true })
+            .with_on_async_grant(told.clone());
+        (service, told)
+    }
+
+    async fn held(service: &Service, id: PoolId, count: u16) -> LeaseId {
+        let budget = &mut Budget::new(None);
+        service.register(id, count, budget).await.unwrap();
+        let lease = LeaseId::new_random();
+        let borrow = BorrowRequest {
+            ttl_ms: 60_000,
+            wait_ms: 0,
+            lease,
+        };
+        service.borrow(id, borrow, budget).await.unwrap();
+        lease
+    }
+
+    async fn enqueue(service: &Service, id: PoolId) {
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(60_000),
+            lease: LeaseId::new_random(),
+            callback: Callback {
+                url: "http://127.0.0.1:9/hook".into(),
+                token: "t".into(),
+            },
+        };
+        let budget = &mut Budget::new(None);
+        service.enqueue(id, enqueue, budget).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_hook_hears_a_return_that_hands_the_slot_to_an_async_ticket() {
+        let (service, told) = service();
+        let id = PoolId(uuid::Uuid::new_v4());
+        let holder = held(&service, id, 1).await;
+        enqueue(&service, id).await;
+        // Admitted to the queue: no slot for it yet.
+        let budget = &mut Budget::new(None);
+        service.dispatch_step(&id.key(), &[], budget).await.unwrap();
+        assert_eq!(told.taken(), []);
+
+        assert!(service.return_lease(id, holder, budget).await.unwrap());
+        assert_eq!(told.taken(), [id.key()]);
+    }
+
+    #[tokio::test]
+    async fn the_hook_hears_no_ordinary_return() {
+        let (service, told) = service();
+        let budget = &mut Budget::new(None);
+        // A sync-only pool.
+        let id = PoolId(uuid::Uuid::new_v4());
+        let holder = held(&service, id, 1).await;
+        assert!(service.return_lease(id, holder, budget).await.unwrap());
+        // A pool with async work, whose freed slot nobody waits for: its
+        // one ticket holds the other slot already.
+        let id = PoolId(uuid::Uuid::new_v4());
+        let holder = held(&service, id, 2).await;
+        enqueue(&service, id).await;
+        let step = service.dispatch_step(&id.key(), &[], budget).await.unwrap();
+        assert_eq!(step.deliver.len(), 1, "granted");
+        told.taken();
+        assert!(service.return_lease(id, holder, budget).await.unwrap());
+        assert_eq!(told.taken(), []);
+    }
+
+    #[tokio::test]
+    async fn the_hook_hears_an_enqueue_that_finds_a_free_slot() {
+        let (service, told) = service();
+        let id = PoolId(uuid::Uuid::new_v4());
+        service
+            .register(id, 1, &mut Budget::new(None))
+            .await
+            .unwrap();
+        enqueue(&service, id).await;
+        assert_eq!(told.taken(), [id.key()], "the next step grants it");
+        // Behind it: the slot is the first ticket's.
+        enqueue(&service, id).await;
+        assert_eq!(told.taken(), []);
+        // A held pool.
+        let id = PoolId(uuid::Uuid::new_v4());
+        held(&service, id, 1).await;
+        enqueue(&service, id).await;
+        assert_eq!(told.taken(), []);
+    }
+}

@@ -99,10 +99,19 @@ impl Service {
         let put = self.put_ticket(&mut ctx, &key, &item).await;
         ctx.changed(&key);
         match put? {
-            None => Ok(Enqueued {
-                ticket: number,
-                ahead: ahead(&record.pool),
-            }),
+            None => {
+                // Nobody ahead in the backlog and a slot free for it: the
+                // next step grants it, and no write that frees a slot will
+                // say so.
+                let state = record.pool.state(now);
+                if record.pool.line().admitted == number && state.available > state.waiting {
+                    ctx.granted_async(&key).await;
+                }
+                Ok(Enqueued {
+                    ticket: number,
+                    ahead: ahead(&record.pool),
+                })
+            }
             Some(existing) => {
                 // A twin request wrote this lease id's ticket first.
                 let _ = ctx
