@@ -2,15 +2,21 @@
 DynamoDB Local (docs/BENCHMARK.md, "The deployed shape, on one machine").
 
     tests/aws-local --bench [--cycles N] [--clients C] [--rounds R] [--tickets T]
-                            [--stream-delays MS,MS]
+                            [--expiries E] [--stream-delays MS,MS] [--async-only]
 
 - borrow and return, N sequential cycles on one pool, then C clients doing R cycles each
   on a pool of C slots: p50/p99 of each call, through the front door and on local-api;
 - return → callback: T tickets one after another on a pool of one slot (each enqueued
   while the slot is held; the return of the holder hands it on), for each stream delay
   of the stack (its --stream-delay-ms), and on local-api (its own stream reader);
-- what one delivered ticket costs the stack: dispatcher invocations, and wake messages
-  sent (SendMessage) and received by the queue's event source (admin /stats and /calls).
+- expiry → callback: E tickets one after another on a pool of one slot, each enqueued
+  while the slot is held by a lease left to expire (no write says it ended: only the wake
+  the dispatcher armed for it can deliver the grant), for each stream delay;
+- what one delivered ticket costs the stack: dispatcher invocations, wake messages sent
+  (SendMessage, by any function) and received by the queue's event source, and DynamoDB
+  calls by action (admin /stats and /calls).
+
+--async-only skips the borrow and return figures and local-api.
 
 Prints the figures and writes them as JSON to target/aws-local/bench.json. Both sides run
 the same debug build the tests use.
@@ -43,6 +49,9 @@ SETTLE_S = 1.0
 # The tickets' leases: short, so that the wakes sent for their expiries arrive within the
 # run and their invocations are counted too (each holder returns within about SETTLE_S).
 TICKET_TTL_S = 5
+# The leases left to expire in the expiry run: the wake armed for the expiry is sent with a
+# delay of whole seconds (SQS's), rounded down; the dispatcher waits out the rest.
+EXPIRY_TTL_S = 2
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -111,24 +120,51 @@ def sync_run(base: str, sequential: int, clients: int, rounds: int) -> dict[str,
     return result
 
 
-def async_run(base: str, receiver: Receiver, tickets: int) -> list[float]:
-    """Return → callback, one ticket after another on a pool of one slot."""
+def async_run(base: str, receiver: Receiver, tickets: int, lost: list[int] | None = None) -> list[float]:
+    """Return → callback, one ticket after another on a pool of one slot. A holder whose
+    return finds it holding nothing lost its slot while its grant stood (the pool handed
+    it on): its index goes to `lost` and its sample is left out (the next ticket's grant
+    came before the return)."""
     pool = str(uuid.uuid4())
     timed(f"{base}/l/{pool}", "PUT", {"count": 1})
     _, held = timed(f"{base}/l/{pool}/borrow", "POST", {"ttl": TICKET_TTL_S})
     holder = held["lease"]
-    handoffs = []
+    handoffs: list[float] = []
     for _ in range(tickets):
         lease, path = str(uuid.uuid4()), f"/bench/{uuid.uuid4().hex}"
         callback = {"url": receiver.url(path), "token": "bench"}
         timed(f"{base}/l/{pool}/enqueue", "POST", {"ttl": TICKET_TTL_S, "lease": lease, "callback": callback})
         time.sleep(SETTLE_S)
         returned = time.time()
-        timed(f"{base}/l/{pool}/return", "POST", {"lease": holder})
-        handoffs.append(receiver.wait(path, timeout=30).at - returned)
+        _, answer = timed(f"{base}/l/{pool}/return", "POST", {"lease": holder})
+        got = receiver.wait(path, timeout=30).at - returned
+        if answer.get("returned") is False and lost is not None:
+            lost.append(len(handoffs) + len(lost))
+        else:
+            handoffs.append(got)
         holder = lease
     timed(f"{base}/l/{pool}/return", "POST", {"lease": holder})
     return handoffs
+
+
+def expiry_run(base: str, receiver: Receiver, tickets: int) -> list[float]:
+    """Expiry → callback, one ticket after another on a pool of one slot whose holder lets
+    its lease expire."""
+    pool = str(uuid.uuid4())
+    timed(f"{base}/l/{pool}", "PUT", {"count": 1})
+    delays = []
+    for _ in range(tickets):
+        sent = time.time()
+        took, _ = timed(f"{base}/l/{pool}/borrow", "POST", {"ttl": EXPIRY_TTL_S, "wait": 10})
+        # The lease's start: halfway through the borrow's round trip (within a few ms).
+        expires = sent + took / 2 + EXPIRY_TTL_S
+        lease, path = str(uuid.uuid4()), f"/bench/{uuid.uuid4().hex}"
+        callback = {"url": receiver.url(path), "token": "bench"}
+        timed(f"{base}/l/{pool}/enqueue", "POST", {"ttl": 1, "lease": lease, "callback": callback})
+        delays.append(receiver.wait(path, timeout=EXPIRY_TTL_S + 30).at - expires)
+        # The ticket's own lease (1 s) ends before the next borrow finds the slot free.
+        timed(f"{base}/l/{pool}/return", "POST", {"lease": lease})
+    return delays
 
 
 def admin_get(admin: str, path: str) -> Any:
@@ -139,18 +175,26 @@ def costs(admin: str) -> dict[str, int]:
     stats = admin_get(admin, "/stats")
     queue = next(s for s in stats["sources"] if s["kind"] == "QueueSource")
     stream = next(s for s in stats["sources"] if s["kind"] == "StreamSource")
-    sent = sum(
-        1
-        for c in admin_get(admin, "/calls?function=DispatcherFunction")["calls"]
-        if c["action"] == "sqs:SendMessage"
+    calls = admin_get(admin, "/calls")["calls"]
+    sent = sum(1 for c in calls if c["action"] == "sqs:SendMessage")
+    by_routes = sum(
+        1 for c in calls if c["action"] == "sqs:SendMessage" and c["function"] != "DispatcherFunction"
     )
-    return {
+    counted = {
         "dispatcher_invocations": stats["functions"]["DispatcherFunction"]["invocations"],
         "stream_batches": stream["batches_invoked"],
         "wake_batches": queue["batches_invoked"],
         "wakes_sent": sent,
+        "wakes_sent_by_routes": by_routes,
         "wakes_received": queue["messages_received"],
     }
+    for who in ("dispatcher", "routes"):
+        for c in calls:
+            if c["service"] != "dynamodb" or (c["function"] == "DispatcherFunction") != (who == "dispatcher"):
+                continue
+            name = f"{who}_{c['action'].split(':')[1]}"
+            counted[name] = counted.get(name, 0) + 1
+    return counted
 
 
 @contextmanager
@@ -188,21 +232,24 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=25)
     parser.add_argument("--tickets", type=int, default=30)
+    parser.add_argument("--expiries", type=int, default=10)
     parser.add_argument("--stream-delays", default="200,0", help="the stack's --stream-delay-ms, each")
+    parser.add_argument("--async-only", action="store_true", help="no borrow, return, local-api")
     args = parser.parse_args()
     delays = [int(d) for d in args.stream_delays.split(",")]
     receiver = Receiver()
     figures: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args)}
     for n, delay in enumerate(delays):
         with launch.running(OUT / "bench", "--stream-delay-ms", str(delay)) as (front, admin):
-            if n == 0:
+            if n == 0 and not args.async_only:
                 figures["aws-local"] = sync_run(front, args.cycles, args.clients, args.rounds)
                 dynamodb = admin_get(admin, "/stack")["dynamodb"]
                 with local_api(dynamodb) as base:
                     figures["local-api"] = sync_run(base, args.cycles, args.clients, args.rounds)
                     figures["local-api"]["callback"] = percentiles(async_run(base, receiver, args.tickets))
             before = costs(admin)
-            handoffs = async_run(front, receiver, args.tickets)
+            lost: list[int] = []
+            handoffs = async_run(front, receiver, args.tickets, lost)
             # Every wake sent arrives within TICKET_TTL_S (and a second), and costs a step.
             deadline = time.monotonic() + TICKET_TTL_S + 10
             while (after := costs(admin))["wakes_received"] < after["wakes_sent"]:
@@ -211,11 +258,19 @@ def main() -> None:
                 time.sleep(0.2)
             time.sleep(1)  # the last invocations' stream records
             after = costs(admin)
-            spent = {k: after[k] - before[k] for k in after}
+            spent = {k: after[k] - before.get(k, 0) for k in after}
             figures.setdefault("aws-local", {})[f"callback_stream_delay_{delay}ms"] = {
                 **percentiles(handoffs),
+                "samples_ms": [round(x * 1000, 1) for x in handoffs],
+                "slots_lost_while_granted": lost,
                 "per_ticket": {k: round(v / args.tickets, 2) for k, v in spent.items()},
             }
+            if args.expiries:
+                expiries = expiry_run(front, receiver, args.expiries)
+                figures["aws-local"][f"expiry_stream_delay_{delay}ms"] = {
+                    **percentiles(expiries),
+                    "samples_ms": [round(x * 1000, 1) for x in expiries],
+                }
     receiver.close()
     text = json.dumps(figures, indent=2)
     (OUT / "bench.json").write_text(text)
