@@ -7,7 +7,7 @@ use crate::clock::now_ms;
 use crate::domain::{DeliveryClaim, ReturnPlan, TicketGrant, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::PoolKey;
-use crate::service::harness::write;
+use crate::service::harness::{write, Harness};
 use crate::service::{Budget, Service};
 use crate::store::TicketUpdated;
 
@@ -35,13 +35,8 @@ impl Service {
                     .0)
             }
             Err(reason) => {
-                let (ended, _) = self
-                    .move_ticket(
-                        &mut ctx,
-                        key,
-                        granted(item, grant),
-                        TicketState::Failed { reason },
-                    )
+                let ended = self
+                    .fail_granted(&mut ctx, key, item, grant, reason)
                     .await?;
                 // Its lease goes back only if the ticket failed: another
                 // dispatcher's delivery of the same grant may have landed
@@ -109,18 +104,32 @@ impl Service {
         let Some(reason) = gone else {
             return Ok(Begin::Go);
         };
-        let (ended, _) = self
-            .move_ticket(
-                &mut ctx,
-                key,
-                granted(item, grant),
-                TicketState::Failed { reason },
-            )
+        let ended = self
+            .fail_granted(&mut ctx, key, item, grant, reason)
             .await?;
         Ok(match ended.state {
             TicketState::Failed { reason } => Begin::Ended(reason),
             _ => Begin::NotOurs,
         })
+    }
+}
+
+impl Service {
+    /// Ends the ticket granted `grant` `failed` for `reason` (once: unless it
+    /// ended otherwise first): the ticket as it is after.
+    async fn fail_granted(
+        &self,
+        ctx: &mut Harness<'_>,
+        key: &PoolKey,
+        item: &TicketItem,
+        grant: TicketGrant,
+        reason: String,
+    ) -> Result<TicketItem, Error> {
+        let failed = TicketState::Failed { reason };
+        Ok(self
+            .move_ticket(ctx, key, granted(item, grant), failed)
+            .await?
+            .0)
     }
 }
 
