@@ -140,18 +140,18 @@ const SERVICE_ENV: [EnvVar; 9] = [
 
 /// What `config::granting_settings_from_lookup` reads: the service's
 /// settings and, optional, the wake queue.
-const GRANTING_ENV: [EnvVar; 10] = [
-    required("TABLE_NAME"),
-    optional("MAX_TTL_SECONDS"),
-    optional("MAX_WAIT_SECONDS"),
-    optional("MAX_WAITERS"),
-    optional("MAX_ASYNC_WAIT_SECONDS"),
-    optional("AWS_ENDPOINT_URL_DYNAMODB"),
-    optional("ALLOW_LOCAL_CALLBACKS"),
-    optional("WAKE_QUEUE_URL"),
-    optional("METRICS_NAMESPACE"),
-    optional("RUST_LOG"),
-];
+const GRANTING_ENV: [EnvVar; 10] = with(SERVICE_ENV, optional("WAKE_QUEUE_URL"));
+
+/// `vars` and one more.
+const fn with(vars: [EnvVar; 9], more: EnvVar) -> [EnvVar; 10] {
+    let mut all = [more; 10];
+    let mut i = 0;
+    while i < vars.len() {
+        all[i] = vars[i];
+        i += 1;
+    }
+    all
+}
 
 /// The wake without delay a write that hands a slot to an async ticket sends.
 const WAKE_NOW: Call = Call {
@@ -159,18 +159,8 @@ const WAKE_NOW: Call = Call {
     on: Resource::WakeQueue,
 };
 
-const DISPATCHER_ENV: [EnvVar; 10] = [
-    required("TABLE_NAME"),
-    required("WAKE_QUEUE_URL"),
-    optional("MAX_TTL_SECONDS"),
-    optional("MAX_WAIT_SECONDS"),
-    optional("MAX_WAITERS"),
-    optional("MAX_ASYNC_WAIT_SECONDS"),
-    optional("AWS_ENDPOINT_URL_DYNAMODB"),
-    optional("ALLOW_LOCAL_CALLBACKS"),
-    optional("METRICS_NAMESPACE"),
-    optional("RUST_LOG"),
-];
+/// The service's settings and the wake queue it sends to.
+const DISPATCHER_ENV: [EnvVar; 10] = with(SERVICE_ENV, required("WAKE_QUEUE_URL"));
 
 const FALLBACK_ENV: [EnvVar; 2] = [optional("METRICS_NAMESPACE"), optional("RUST_LOG")];
 
