@@ -25,6 +25,9 @@ pub const WAIT_SECONDS: (f64, f64) = (0.0, 25.0);
 pub const ASYNC_WAIT_SECONDS: (f64, f64) = (1.0, 604_800.0);
 /// `MAX_WAITERS`: 1 to 1000 tickets per pool (23 bytes each in the item).
 pub const WAITERS: (u64, u64) = (1, 1000);
+/// `MAX_TICKETS`: 1 to a million tickets waiting in a pool's backlog (each
+/// an item of up to about 3 KB, kept for its wait and 7 days more).
+pub const TICKETS: (u64, u64) = (1, 1_000_000);
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -126,8 +129,9 @@ async fn sqs_client() -> aws_sdk_sqs::Client {
 }
 
 /// `MAX_TTL_SECONDS` (default 3600), `MAX_WAIT_SECONDS` (default 25),
-/// `MAX_WAITERS` (default 100) and `MAX_ASYNC_WAIT_SECONDS` (an async
-/// ticket's longest wait; default 86400, a day).
+/// `MAX_WAITERS` (default 100), `MAX_ASYNC_WAIT_SECONDS` (an async
+/// ticket's longest wait; default 86400, a day) and `MAX_TICKETS` (tickets
+/// waiting in a pool's backlog; default 10,000).
 pub fn limits_from_env() -> Result<Limits, String> {
     limits_from_lookup(|name| std::env::var(name).ok())
 }
@@ -146,19 +150,18 @@ pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits
                 "{name} must be a number of seconds from {min} to {max}, got {raw:?}"
             )),
     };
-    let max_waiters = match var("MAX_WAITERS") {
-        None => defaults.max_waiters,
+    let whole = |name: &str, (min, max): (u64, u64), default: u64| match var(name) {
+        None => Ok(default),
         Some(raw) => raw
             .trim()
             .parse::<u64>()
             .ok()
-            .filter(|n| (WAITERS.0..=WAITERS.1).contains(n))
-            .map(|n| n as usize)
+            .filter(|n| (min..=max).contains(n))
             .ok_or(format!(
-                "MAX_WAITERS must be a whole number from {} to {}, got {raw:?}",
-                WAITERS.0, WAITERS.1
-            ))?,
+                "{name} must be a whole number from {min} to {max}, got {raw:?}"
+            )),
     };
+    let max_waiters = whole("MAX_WAITERS", WAITERS, defaults.max_waiters as u64)? as usize;
     Ok(Limits {
         max_ttl_ms: seconds("MAX_TTL_SECONDS", TTL_SECONDS, defaults.max_ttl_ms)?,
         max_wait_ms: seconds("MAX_WAIT_SECONDS", WAIT_SECONDS, defaults.max_wait_ms)?,
@@ -168,6 +171,7 @@ pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits
             ASYNC_WAIT_SECONDS,
             defaults.max_async_wait_ms,
         )?,
+        max_tickets: whole("MAX_TICKETS", TICKETS, defaults.max_tickets)?,
     })
 }
 
@@ -264,11 +268,12 @@ mod tests {
             ("MAX_TTL_SECONDS", "60"),
             ("MAX_WAIT_SECONDS", "2.5"),
             ("MAX_WAITERS", "7"),
+            ("MAX_TICKETS", "500"),
         ])
         .unwrap();
         assert_eq!(
-            (l.max_ttl_ms, l.max_wait_ms, l.max_waiters),
-            (60_000, 2_500, 7)
+            (l.max_ttl_ms, l.max_wait_ms, l.max_waiters, l.max_tickets),
+            (60_000, 2_500, 7, 500)
         );
     }
 
@@ -347,6 +352,9 @@ mod tests {
             ("MAX_WAITERS", "0"),
             ("MAX_WAITERS", "1001"),
             ("MAX_WAITERS", "2.5"),
+            ("MAX_TICKETS", "0"),
+            ("MAX_TICKETS", "1000001"),
+            ("MAX_TICKETS", "-3"),
         ] {
             let err = limits(&[(name, value)]).unwrap_err();
             assert!(err.starts_with(name), "{name}={value}: {err}");

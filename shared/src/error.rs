@@ -16,6 +16,9 @@ pub enum Error {
     TicketNotFound,
     /// Borrow got no slot within `wait` (or no place to wait in).
     Exhausted,
+    /// The pool's backlog holds `limit` tickets (`MAX_TICKETS`): no enqueue,
+    /// and no borrower joins it, until admission takes some.
+    BacklogFull { limit: u64 },
     /// No such route.
     RouteNotFound,
     /// A known path with the wrong method; `allow` lists the right ones.
@@ -35,7 +38,7 @@ impl Error {
             Error::BadRequest(_) => 400,
             Error::PoolNotFound | Error::TicketNotFound | Error::RouteNotFound => 404,
             Error::MethodNotAllowed { .. } => 405,
-            Error::Exhausted => 409,
+            Error::Exhausted | Error::BacklogFull { .. } => 409,
             Error::Store(err) if err.kind == StoreErrorKind::Corrupt => 500,
             Error::Contention | Error::Store(_) => 502,
         }
@@ -51,7 +54,14 @@ impl From<StoreError> for Error {
 /// The client-facing message: the `error` of the JSON body.
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Error::BacklogFull { limit } = self {
+            return write!(
+                f,
+                "this pool already has {limit} tickets waiting, its limit (MAX_TICKETS); try again later"
+            );
+        }
         f.write_str(match self {
+            Error::BacklogFull { .. } => "",
             Error::BadRequest(reason) => reason,
             Error::PoolNotFound => "pool not found",
             Error::TicketNotFound => semaphore_wire::TICKET_NOT_FOUND,

@@ -3,6 +3,7 @@ DynamoDB Local (docs/BENCHMARK.md, "The deployed shape, on one machine").
 
     tests/aws-local --bench [--cycles N] [--clients C] [--rounds R] [--tickets T]
                             [--expiries E] [--stream-delays MS,MS] [--async-only]
+                            [--burst N]
 
 - borrow and return, N sequential cycles on one pool, then C clients doing R cycles each
   on a pool of C slots: p50/p99 of each call, through the front door and on local-api;
@@ -17,6 +18,10 @@ DynamoDB Local (docs/BENCHMARK.md, "The deployed shape, on one machine").
   calls by action (admin /stats and /calls).
 
 --async-only skips the borrow and return figures and local-api.
+
+--burst N runs, after the rest, the async burst (tests/bench's `burst`: N enqueues, 32 in
+flight, on a pool of count 10 whose receivers hold 50 ms and return) against the stack at
+the first stream delay, and adds what one ticket cost the stack (admin /stats, /calls).
 
 Prints the figures and writes them as JSON to target/aws-local/bench.json. Both sides run
 the same debug build the tests use.
@@ -52,6 +57,10 @@ TICKET_TTL_S = 5
 # The leases left to expire in the expiry run: the wake armed for the expiry is sent with a
 # delay of whole seconds (SQS's), rounded down; the dispatcher waits out the rest.
 EXPIRY_TTL_S = 2
+# Tickets handed on before the return → callback figures count: the first invocations of
+# each function start its sandboxes (cold starts, counted apart), as the sync run's warm
+# cycles do.
+WARM_TICKETS = 5
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -120,17 +129,19 @@ def sync_run(base: str, sequential: int, clients: int, rounds: int) -> dict[str,
     return result
 
 
-def async_run(base: str, receiver: Receiver, tickets: int, lost: list[int] | None = None) -> list[float]:
-    """Return → callback, one ticket after another on a pool of one slot. A holder whose
-    return finds it holding nothing lost its slot while its grant stood (the pool handed
-    it on): its index goes to `lost` and its sample is left out (the next ticket's grant
-    came before the return)."""
+def async_run(
+    base: str, receiver: Receiver, tickets: int, lost: list[int] | None = None, warm: int = 0
+) -> list[float]:
+    """Return → callback, one ticket after another on a pool of one slot, after `warm`
+    tickets not counted. A holder whose return finds it holding nothing lost its slot while
+    its grant stood (the pool handed it on): its index goes to `lost` and its sample is left
+    out (the next ticket's grant came before the return)."""
     pool = str(uuid.uuid4())
     timed(f"{base}/l/{pool}", "PUT", {"count": 1})
     _, held = timed(f"{base}/l/{pool}/borrow", "POST", {"ttl": TICKET_TTL_S})
     holder = held["lease"]
     handoffs: list[float] = []
-    for _ in range(tickets):
+    for n in range(warm + tickets):
         lease, path = str(uuid.uuid4()), f"/bench/{uuid.uuid4().hex}"
         callback = {"url": receiver.url(path), "token": "bench"}
         timed(f"{base}/l/{pool}/enqueue", "POST", {"ttl": TICKET_TTL_S, "lease": lease, "callback": callback})
@@ -138,7 +149,9 @@ def async_run(base: str, receiver: Receiver, tickets: int, lost: list[int] | Non
         returned = time.time()
         _, answer = timed(f"{base}/l/{pool}/return", "POST", {"lease": holder})
         got = receiver.wait(path, timeout=30).at - returned
-        if answer.get("returned") is False and lost is not None:
+        if n < warm:
+            pass
+        elif answer.get("returned") is False and lost is not None:
             lost.append(len(handoffs) + len(lost))
         else:
             handoffs.append(got)
@@ -197,6 +210,23 @@ def costs(admin: str) -> dict[str, int]:
     return counted
 
 
+def burst(front: str, admin: str, tickets: int) -> dict[str, Any]:
+    """tests/bench's burst against the stack: its table of figures, and what one ticket
+    cost the stack."""
+    before = costs(admin)
+    command = ["cargo", "run", "-q", "-p", "bench", "--bin", "burst", "--"]
+    args = [*command, "--api", front, "--tickets", str(tickets)]
+    run = subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True)
+    if run.returncode != 0:
+        raise RuntimeError(f"burst failed: {run.stderr.strip()[-2000:]}")
+    time.sleep(2)  # the last invocations' stream records
+    after = costs(admin)
+    return {
+        "table": run.stdout.strip().splitlines(),
+        "per_ticket": {k: round((after[k] - before.get(k, 0)) / tickets, 2) for k in after},
+    }
+
+
 @contextmanager
 def local_api(dynamodb: str) -> Iterator[str]:
     port = launch.free_port()
@@ -235,6 +265,7 @@ def main() -> None:
     parser.add_argument("--expiries", type=int, default=10)
     parser.add_argument("--stream-delays", default="200,0", help="the stack's --stream-delay-ms, each")
     parser.add_argument("--async-only", action="store_true", help="no borrow, return, local-api")
+    parser.add_argument("--burst", type=int, default=0, help="tickets in the async burst (0: none)")
     args = parser.parse_args()
     delays = [int(d) for d in args.stream_delays.split(",")]
     receiver = Receiver()
@@ -247,6 +278,7 @@ def main() -> None:
                 with local_api(dynamodb) as base:
                     figures["local-api"] = sync_run(base, args.cycles, args.clients, args.rounds)
                     figures["local-api"]["callback"] = percentiles(async_run(base, receiver, args.tickets))
+            warm = async_run(front, receiver, WARM_TICKETS)
             before = costs(admin)
             lost: list[int] = []
             handoffs = async_run(front, receiver, args.tickets, lost)
@@ -262,6 +294,7 @@ def main() -> None:
             figures.setdefault("aws-local", {})[f"callback_stream_delay_{delay}ms"] = {
                 **percentiles(handoffs),
                 "samples_ms": [round(x * 1000, 1) for x in handoffs],
+                "warm_up_ms": [round(x * 1000, 1) for x in warm],
                 "slots_lost_while_granted": lost,
                 "per_ticket": {k: round(v / args.tickets, 2) for k, v in spent.items()},
             }
@@ -272,6 +305,11 @@ def main() -> None:
                     "samples_ms": [round(x * 1000, 1) for x in expiries],
                 }
     receiver.close()
+    if args.burst:
+        with launch.running(OUT / "bench", "--stream-delay-ms", str(delays[0])) as (front, admin):
+            figures.setdefault("aws-local", {})[f"burst_stream_delay_{delays[0]}ms"] = burst(
+                front, admin, args.burst
+            )
     text = json.dumps(figures, indent=2)
     (OUT / "bench.json").write_text(text)
     print(text)

@@ -36,6 +36,8 @@ on_both_stores!(
     a_ticket_reads_expired_at_its_deadline_and_is_never_granted_after,
     a_sync_borrower_leaves_no_live_ticket_behind,
     a_ticket_cancelled_while_its_admission_lands_is_never_served,
+    a_backlog_that_cannot_change_wakes_nobody,
+    a_full_backlog_refuses_tickets_with_a_409_naming_its_limit,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -722,4 +724,113 @@ async fn a_ticket_cancelled_while_its_admission_lands_is_never_served(backend: B
         state["in_use"], 0,
         "a slot handed to a cancelled ticket: {state}"
     );
+}
+
+/// A full pool with tickets waiting long (a backlog left over, for 40): once
+/// stepped, nothing is due until a change (which invokes a step itself) or
+/// the first deadline; the dispatcher's next wake is not a poll. (It was a
+/// second while a backlog was left: 20 steps in 20 s.)
+async fn a_backlog_that_cannot_change_wakes_nobody(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let policy = CallbackPolicy { allow_local: true };
+    let service = || {
+        semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets.clone())
+            .with_callback_policy(policy)
+    };
+    let api = ApiClient { service: service() };
+    let caller = Caller::new(policy, Duration::from_secs(2)).expect("caller");
+    let dispatcher = Dispatcher::new(Arc::new(service()), caller);
+    for count in [20, 40] {
+        let pool = pool_id();
+        api.register(&pool, 0).await;
+        for _ in 0..count {
+            let (status, body) =
+                enqueue(&api, &pool, &lease(), "http://127.0.0.1:9/hook", 600.0).await;
+            assert_eq!(status, 202, "{body}");
+        }
+        let key = PoolId(pool.parse().expect("uuid")).key();
+        // Admission takes a step per half window; then nothing changes.
+        let mut wake = None;
+        for _ in 0..4 {
+            let step = dispatcher.step(key).await.expect("step");
+            assert!(step.deliver.is_empty(), "count 0 grants nothing");
+            wake = step.wake_ms;
+        }
+        let wake = wake.expect("a wake while tickets wait");
+        let now = semaphore::clock::now_ms();
+        assert!(
+            wake >= now + 50_000,
+            "{count} tickets: the next step is due in {} ms",
+            wake.saturating_sub(now)
+        );
+    }
+}
+
+/// `MAX_TICKETS`: a pool's backlog holds at most that many tickets; an
+/// enqueue past it (and a borrower that would wait in it) gets a 409 that
+/// names the limit, and nothing is written. Admission makes room again.
+async fn a_full_backlog_refuses_tickets_with_a_409_naming_its_limit(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let limits = Limits {
+        max_tickets: 3,
+        ..Limits::default()
+    };
+    let api = ApiClient {
+        service: semaphore::Service::new(store, limits)
+            .with_tickets(tickets)
+            .with_callback_policy(CallbackPolicy { allow_local: true }),
+    };
+    let pool = pool_id();
+    api.register(&pool, 0).await;
+    let hook = "http://127.0.0.1:9/hook";
+    let first = lease();
+    for mine in [first.clone(), lease(), lease()] {
+        let (status, body) = enqueue(&api, &pool, &mine, hook, 600.0).await;
+        assert_eq!(status, 202, "{body}");
+    }
+    let refused = lease();
+    let (status, body) = enqueue(&api, &pool, &refused, hook, 600.0).await;
+    assert_eq!(status, 409, "{body}");
+    let error = body["error"].as_str().unwrap_or_default();
+    assert!(
+        error.contains("3 tickets") && error.contains("MAX_TICKETS"),
+        "{error}"
+    );
+    // A repeat takes no number: it answers its ticket.
+    let (status, body) = enqueue(&api, &pool, &first, hook, 600.0).await;
+    assert_eq!((status, body["ticket"].as_u64()), (202, Some(0)), "{body}");
+    // A borrower that would wait behind them in the backlog: the same.
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/l/{pool}/borrow"),
+            &json!({"ttl": 5, "wait": 1}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 409, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("MAX_TICKETS"),
+        "{body}"
+    );
+    // Nothing was written for the refused one.
+    let (status, body) = api
+        .call(
+            "POST",
+            &format!("/l/{pool}/ticket"),
+            &json!({"lease": refused}).to_string(),
+        )
+        .await;
+    assert_eq!(status, 404, "{body}");
+    // Admission takes the three into the line: room for more.
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    api.service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    let (status, body) = enqueue(&api, &pool, &lease(), hook, 600.0).await;
+    assert_eq!(status, 202, "{body}");
 }

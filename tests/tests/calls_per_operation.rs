@@ -199,8 +199,9 @@ async fn concurrent_returns_with_waiters_never_collide() {
     assert_eq!(positions, vec![0, 1]);
 }
 
-/// Async mode's enqueue: one read (its lease's ticket: a repeat takes no
-/// number), one write to the pool item (the number), one ticket item. A
+/// Async mode's enqueue: two reads (its lease's ticket: a repeat takes no
+/// number; the pool: the backlog's limit), one write to the pool item (the
+/// number, conditioned on that limit), one ticket item. A
 /// repeat reads its ticket and the pool, and writes nothing.
 #[tokio::test]
 async fn an_enqueue_writes_the_pool_item_once_and_its_ticket() {
@@ -221,8 +222,10 @@ async fn an_enqueue_writes_the_pool_item_once_and_its_ticket() {
     for (label, expected) in [
         (
             "enqueue",
+            // The repeat check, the pool's `admitted` (MAX_TICKETS bounds
+            // the number taken), the number, the ticket.
             wire(&[
-                ("GetItem", Won, 1),
+                ("GetItem", Won, 2),
                 ("UpdateItem", Won, 1),
                 ("PutItem", Won, 1),
             ]),

@@ -30,6 +30,7 @@ const LIMITS: Limits = Limits {
     max_wait_ms: 500,
     max_waiters: 100,
     max_async_wait_ms: 60_000,
+    max_tickets: 10_000,
 };
 
 fn seed() -> u64 {

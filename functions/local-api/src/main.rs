@@ -14,8 +14,8 @@
 //! by the service), it admits, hands on, records and delivers grants to
 //! their callbacks.
 //!
-//! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS`, `MAX_WAITERS` and
-//! `MAX_ASYNC_WAIT_SECONDS` as the functions do, and refuses a bad value the
+//! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS`, `MAX_WAITERS`,
+//! `MAX_ASYNC_WAIT_SECONDS` and `MAX_TICKETS` as the functions do, and refuses a bad value the
 //! same way (exit status 2).
 
 mod connection;
@@ -51,8 +51,8 @@ const MAX_BODY_BYTES: usize = 64 * 1024;
 /// The whole semaphore API on one local HTTP server, over the same code as
 /// the Lambda functions: an in-memory store, or DynamoDB (Local).
 ///
-/// It reads MAX_TTL_SECONDS, MAX_WAIT_SECONDS, MAX_WAITERS and
-/// MAX_ASYNC_WAIT_SECONDS as the functions do, and refuses a value out of
+/// It reads MAX_TTL_SECONDS, MAX_WAIT_SECONDS, MAX_WAITERS,
+/// MAX_ASYNC_WAIT_SECONDS and MAX_TICKETS as the functions do, and refuses a value out of
 /// range (exit status 2).
 #[derive(Debug, PartialEq, Parser)]
 #[command(name = "local-api", version)]

@@ -9,7 +9,7 @@ use semaphore_wire::{Backoff, Delivery, Jitter, Seconds};
 
 use super::{Attempt, Caller};
 use crate::clock::now_ms;
-use crate::domain::{DeliveryClaim, LeaseDigest, TicketGrant, TicketItem};
+use crate::domain::{DeliveryClaim, LeaseDigest, TicketGrant, TicketItem, GAP_MS};
 use crate::keys::PoolKey;
 use crate::metrics::{AsyncLog, LogFormat, PoolKeyPrefix};
 use crate::service::{Begin, Budget, Service, Step, ToDeliver};
@@ -95,8 +95,9 @@ impl Dispatcher {
         let wake_ms = match (step.active, step.wake_ms) {
             (false, _) => None,
             (true, Some(at)) => Some(at),
-            // Active without a timer: look again in a while all the same.
-            (true, None) => Some(now_ms() + 1_000),
+            // Active without a timer: every change invokes a step; look
+            // again in a while all the same (a backstop, not a poll).
+            (true, None) => Some(now_ms() + GAP_MS),
         };
         Ok(Step {
             deliver,

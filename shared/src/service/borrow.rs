@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
 use crate::store::{PutTicket, Record, TicketStore};
 
-use super::async_mode::{admit, filler_ticket};
+use super::async_mode::{admit, filler_ticket, take_number};
 use super::harness::{write, Harness};
 use super::pacing::{Forecast, Pace};
 use super::{Budget, Service};
@@ -69,6 +69,7 @@ impl Service {
             give_up,
             give_up_ms: now_ms() + (give_up - started).as_millis() as u64,
             max_waiters: self.limits.max_waiters,
+            max_tickets: self.limits.max_tickets,
         };
         borrower.run(&mut ctx).await
     }
@@ -83,6 +84,7 @@ struct Borrower {
     give_up: Instant,
     give_up_ms: u64,
     max_waiters: usize,
+    max_tickets: u64,
 }
 
 /// Where a borrow stands after its first writes.
@@ -428,10 +430,7 @@ impl Borrower {
         tickets: &dyn TicketStore,
         incarnation: u64,
     ) -> Result<(Record, u64, u64), Error> {
-        let record = ctx
-            .call(ctx.store.number_ticket(&self.key))
-            .await?
-            .ok_or(Error::PoolNotFound)?;
+        let record = take_number(ctx, &self.key, self.max_tickets).await?;
         if record.incarnation != incarnation {
             return Err(Error::PoolNotFound);
         }

@@ -14,6 +14,9 @@ pub struct Limits {
     pub max_waiters: usize,
     /// Longest `wait` of an async ticket (enqueue).
     pub max_async_wait_ms: u64,
+    /// Most tickets waiting in a pool's backlog (numbered, not yet admitted
+    /// to its line): an enqueue or a borrower's join past it is refused.
+    pub max_tickets: u64,
 }
 
 impl Default for Limits {
@@ -25,6 +28,7 @@ impl Default for Limits {
             max_wait_ms: 25_000,
             // 100 tickets of about 20 bytes keep a pool item within a few write units.
             max_waiters: 100,
+            max_tickets: 10_000,
         }
     }
 }

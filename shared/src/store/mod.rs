@@ -58,6 +58,17 @@ pub enum Updated {
     Gone,
 }
 
+/// What [`PoolStore::number_ticket`] did.
+#[derive(Debug)]
+pub enum Numbered {
+    /// Took the number: the record as the write left it.
+    Taken(Record),
+    /// The next number was not below the bound: the record as it is.
+    Full(Record),
+    /// No pool is stored.
+    Gone,
+}
+
 /// A database call failed. For a write, it may or may not have landed.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoreError {
@@ -119,22 +130,27 @@ pub trait PoolStore: Send + Sync {
     /// Removes the pool. Returns whether one was there.
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError>;
 
-    /// Takes the pool's next ticket number (async mode): the record as the
-    /// write left it (its `line().next - 1` is the number taken), or `None`
-    /// when no pool is stored. The DynamoDB store does it in one write,
-    /// conditioned on the pool existing; this default reads first.
-    async fn number_ticket(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+    /// Takes the pool's next ticket number (async mode) if it is below
+    /// `below`: [`Numbered::Taken`] with the record as the write left it (its
+    /// `line().next - 1` is the number taken), [`Numbered::Full`] with the
+    /// record as it is, or [`Numbered::Gone`] when no pool is stored. The
+    /// DynamoDB store does it in one write, conditioned on the pool existing
+    /// and the number; this default reads first.
+    async fn number_ticket(&self, key: &PoolKey, below: u64) -> Result<Numbered, StoreError> {
         loop {
             let Some(record) = self.load(key).await? else {
-                return Ok(None);
+                return Ok(Numbered::Gone);
             };
+            if record.pool.line().next >= below {
+                return Ok(Numbered::Full(record));
+            }
             match self
                 .update(key, record.incarnation, &Pool::plan_number())
                 .await?
             {
-                Updated::Written(record) => return Ok(Some(record)),
+                Updated::Written(record) => return Ok(Numbered::Taken(record)),
                 Updated::Lost(_) => continue,
-                Updated::Gone => return Ok(None),
+                Updated::Gone => return Ok(Numbered::Gone),
             }
         }
     }

@@ -11,8 +11,8 @@ use crate::service::harness::Harness;
 use crate::service::{Budget, Service};
 use crate::store::PutTicket;
 
-use super::filler_ticket;
 use super::ticket::ahead_of;
+use super::{filler_ticket, take_number};
 
 /// An enqueue after validation (clamping is the service's).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,10 +68,7 @@ impl Service {
             ctx.call(tickets.delete_ticket(&key, digest, item.number, item.incarnation))
                 .await?;
         }
-        let record = ctx
-            .call(ctx.store.number_ticket(&key))
-            .await?
-            .ok_or(Error::PoolNotFound)?;
+        let record = take_number(&mut ctx, &key, self.limits.max_tickets).await?;
         let number = record.pool.line().next - 1;
         // Written after the number was taken: admission passes a missing
         // number only once a later ticket is older than GAP_MS.

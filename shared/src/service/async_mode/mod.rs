@@ -5,7 +5,7 @@
 use crate::domain::{Holder, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::PoolKey;
-use crate::store::{StoreError, StoreErrorKind, TicketStore, TicketUpdated};
+use crate::store::{Numbered, Record, StoreError, StoreErrorKind, TicketStore, TicketUpdated};
 
 use super::harness::Harness;
 use super::Service;
@@ -43,6 +43,34 @@ pub(super) fn filler_ticket(number: u64, incarnation: u64, now_ms: u64) -> Ticke
         attempts: 0,
         claim: None,
     }
+}
+
+/// Takes the pool's next ticket number while its backlog (numbers taken,
+/// not yet admitted) holds fewer than `max_tickets`: the record as the number
+/// left it. One conditional write: `admitted` only rises, so a number below
+/// `admitted` as read plus `max_tickets` is within the limit.
+pub(in crate::service) async fn take_number(
+    ctx: &mut Harness<'_>,
+    key: &PoolKey,
+    max_tickets: u64,
+) -> Result<Record, Error> {
+    let mut record = ctx.load_existing(key).await?;
+    // Each retry follows admission, which moved on meanwhile.
+    for _ in 0..8 {
+        let below = record.pool.line().admitted.saturating_add(max_tickets);
+        match ctx.call(ctx.store.number_ticket(key, below)).await? {
+            Numbered::Taken(taken) => return Ok(taken),
+            Numbered::Gone => return Err(Error::PoolNotFound),
+            Numbered::Full(now) => {
+                let line = now.pool.line();
+                if line.next >= line.admitted.saturating_add(max_tickets) {
+                    return Err(Error::BacklogFull { limit: max_tickets });
+                }
+                record = now;
+            }
+        }
+    }
+    Err(Error::Contention)
 }
 
 impl Service {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::clock::now_ms;
 use crate::domain::{
-    LeaseDigest, Pool, ReturnPlan, TicketGrant, TicketItem, TicketState, TicketStep,
+    LeaseDigest, Pool, ReturnPlan, TicketGrant, TicketItem, TicketState, TicketStep, GAP_MS,
 };
 use crate::error::Error;
 use crate::keys::PoolKey;
@@ -314,10 +314,24 @@ impl Step {
             self.wake_ms = Some(self.wake_ms.map_or(at, |w| w.min(at)));
         }
         if pool.line().has_backlog() {
-            // Admission passes tickets whose wait ended (they end `expired`)
-            // and, after GAP_MS, numbers without a ticket.
-            let soon = now + 1_000;
-            self.wake_ms = Some(self.wake_ms.map_or(soon, |w| w.min(soon)));
+            // A backlog that admission left waits for a change, and every
+            // change invokes a step (a write of the pool, a new ticket item):
+            // a ticket leaving the queue or the list, a ticket written for
+            // the next number. Only a number whose ticket was never written
+            // needs time: admission passes it GAP_MS after a later ticket was
+            // written, which is now at the latest. (A backlog ticket whose
+            // wait ends needs no step: it reads `expired` at once, and
+            // admission passes it when it comes to it.) A sync waiter that
+            // gives up leaves the queue with no write: room from then on.
+            let gap_passable = now + GAP_MS;
+            let room = pool
+                .queue()
+                .iter()
+                .map(|t| t.give_up.dead_from_ms())
+                .filter(|&dead| dead > now)
+                .min();
+            let at = room.map_or(gap_passable, |r| r.min(gap_passable));
+            self.wake_ms = Some(self.wake_ms.map_or(at, |w| w.min(at)));
         }
     }
 }

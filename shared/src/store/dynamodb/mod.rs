@@ -28,12 +28,12 @@ use aws_sdk_dynamodb::types::{
 };
 use aws_sdk_dynamodb::Client;
 
-use super::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
+use super::{Created, Numbered, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use crate::domain::{Pool, Update};
 use crate::keys::PoolKey;
-use codec::{decode, encode, Item};
+use codec::{decode, encode, number, Item};
 use expression::Expression;
-use schema::pool_item::INCARNATION;
+use schema::pool_item::{INCARNATION, NEXT_TICKET};
 
 mod admin;
 mod codec;
@@ -228,14 +228,19 @@ impl PoolStore for DynamoDbStore {
     }
 
     /// One `UpdateItem`, conditioned only on the pool existing.
-    async fn number_ticket(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+    async fn number_ticket(&self, key: &PoolKey, below: u64) -> Result<Numbered, StoreError> {
         let mut expr = Expression::of(0, &Pool::plan_number());
-        expr.condition = format!("attribute_exists({INCARNATION})");
         expr.values
             .retain(|placeholder, _| expr.update.contains(placeholder.as_str()));
+        // The pool's first number is 0 (no attribute yet).
+        expr.condition = format!(
+            "attribute_exists({INCARNATION}) AND (attribute_not_exists({NEXT_TICKET}) OR {NEXT_TICKET} < :below)"
+        );
+        expr.values.insert(":below".into(), number(below));
         Ok(match self.update_item(pool_key(key), expr).await? {
-            Written::Now(item) => Some(decode(&item)?),
-            Written::Lost(_) => None,
+            Written::Now(item) => Numbered::Taken(decode(&item)?),
+            Written::Lost(Some(item)) if !item.is_empty() => Numbered::Full(decode(&item)?),
+            Written::Lost(_) => Numbered::Gone,
         })
     }
 

@@ -11,6 +11,13 @@
 //! Without --dynamodb it runs on the in-memory store. Everything runs in this
 //! process: the service, the dispatcher (local-api's: on DynamoDB it follows
 //! the table's stream), and a loopback receiver.
+//!
+//!   cargo run -p bench --bin burst -- --api URL [--tickets N] …
+//!
+//! runs the same burst against a served API instead (`tests/aws-local --bench --burst N`
+//! runs it against the deployed shape, with that stack's own request counts). The
+//! receiver stays in this process and must be reachable from the API's dispatcher (a
+//! local one: the API must allow loopback callbacks).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,8 +51,18 @@ struct Args {
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
     /// A DynamoDB (Local) endpoint; without it, the in-memory store.
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", conflicts_with = "api")]
     dynamodb: Option<String>,
+    /// A served API (http://host:port) to burst instead of an in-process service.
+    #[arg(long, value_name = "URL")]
+    api: Option<String>,
+}
+
+/// Where the burst's requests go.
+#[derive(Clone)]
+enum Target {
+    InProcess(Arc<Service>),
+    Http(reqwest::Client, String),
 }
 
 /// What the receiver saw of one delivery.
@@ -59,48 +76,19 @@ struct Got {
 #[tokio::main]
 async fn main() -> Result<(), String> {
     let args = Args::parse();
-    let local = Local::new();
     let counters = Arc::new(Counters::default());
     let capacity = Arc::new(AtomicU64::new(0));
-    let (store, tickets, name): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, &str) =
-        match &args.dynamodb {
-            None => {
-                let store = Arc::new(MemoryStore::new());
-                (store.clone(), store, "in-memory")
-            }
-            Some(url) => {
-                let base = semaphore::config::dynamodb_client(Some(url)).await;
-                dynamodb::ensure_table(&base, "semaphore-burst")
-                    .await
-                    .map_err(|e| e.to_string())?;
-                // The dispatcher follows the table's stream, as local-api and the
-                // AWS event source do.
-                let arn = dynamodb::stream_arn(&base, "semaphore-burst")
-                    .await
-                    .map_err(|e| e.to_string())?;
-                semaphore::delivery::stream::follow(url, arn, local.watch()).await?;
-                let store = Arc::new(
-                    DynamoDbStore::new(on_the_wire(&base, counters.clone()), "semaphore-burst")
-                        .with_capacity_tracking(capacity.clone()),
-                );
-                (store.clone(), store, "DynamoDB Local")
-            }
-        };
-    let policy = CallbackPolicy { allow_local: true };
-    let mut service = Service::new(store.clone(), Limits::default())
-        .with_tickets(tickets.clone())
-        .with_callback_policy(policy);
-    if args.dynamodb.is_none() {
-        // In memory the service tells the dispatcher of each change.
-        service = service.with_watch(local.watch());
-    }
-    let service = Arc::new(service);
-    let caller = Caller::new(policy, Duration::from_secs(5)).map_err(|e| e.to_string())?;
-    local.start(Arc::new(Dispatcher::new(service.clone(), caller)));
+    let (target, name) = match &args.api {
+        Some(url) => (
+            Target::Http(reqwest::Client::new(), url.trim_end_matches('/').to_owned()),
+            "served API",
+        ),
+        None => in_process(&args, &counters, &capacity).await?,
+    };
 
     let pool = uuid::Uuid::new_v4().to_string();
     let (status, body) = call(
-        &service,
+        &target,
         "PUT",
         &format!("/l/{pool}"),
         json!({"count": args.count}),
@@ -122,8 +110,8 @@ async fn main() -> Result<(), String> {
         listener.local_addr().map_err(|e| e.to_string())?
     );
     {
-        let (service, pool, leases, got, returned) = (
-            service.clone(),
+        let (target, pool, leases, got, returned) = (
+            target.clone(),
             pool.clone(),
             leases.clone(),
             got.clone(),
@@ -135,8 +123,8 @@ async fn main() -> Result<(), String> {
                 let Ok((mut stream, _)) = listener.accept().await else {
                     return;
                 };
-                let (service, pool, leases, got, returned) = (
-                    service.clone(),
+                let (target, pool, leases, got, returned) = (
+                    target.clone(),
                     pool.clone(),
                     leases.clone(),
                     got.clone(),
@@ -171,7 +159,7 @@ async fn main() -> Result<(), String> {
                         .unwrap_or_else(|e| e.into_inner())
                         .push(Instant::now());
                     call(
-                        &service,
+                        &target,
                         "POST",
                         &format!("/l/{pool}/return"),
                         json!({"lease": lease}),
@@ -191,8 +179,8 @@ async fn main() -> Result<(), String> {
     let next = Arc::new(AtomicU64::new(0));
     let enqueuers: Vec<_> = (0..args.concurrency)
         .map(|_| {
-            let (service, pool, url, leases, next) = (
-                service.clone(),
+            let (target, pool, url, leases, next) = (
+                target.clone(),
                 pool.clone(),
                 url.clone(),
                 leases.clone(),
@@ -205,7 +193,7 @@ async fn main() -> Result<(), String> {
                     let body = json!({"ttl": 60, "wait": 3600, "lease": lease,
                         "callback": {"url": url, "token": "t"}});
                     let (status, answer) =
-                        call(&service, "POST", &format!("/l/{pool}/enqueue"), body).await;
+                        call(&target, "POST", &format!("/l/{pool}/enqueue"), body).await;
                     if status != 202 {
                         return Err(format!("enqueue: {status} {answer}"));
                     }
@@ -346,8 +334,57 @@ async fn main() -> Result<(), String> {
     Ok(())
 }
 
+/// The service, its store (counted on the wire) and local-api's dispatcher, in this process.
+async fn in_process(
+    args: &Args,
+    counters: &Arc<Counters>,
+    capacity: &Arc<AtomicU64>,
+) -> Result<(Target, &'static str), String> {
+    let local = Local::new();
+    let (store, tickets, name): (Arc<dyn PoolStore>, Arc<dyn TicketStore>, &str) =
+        match &args.dynamodb {
+            None => {
+                let store = Arc::new(MemoryStore::new());
+                (store.clone(), store, "in-memory")
+            }
+            Some(url) => {
+                let base = semaphore::config::dynamodb_client(Some(url)).await;
+                dynamodb::ensure_table(&base, "semaphore-burst")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // The dispatcher follows the table's stream, as local-api and the
+                // AWS event source do.
+                let arn = dynamodb::stream_arn(&base, "semaphore-burst")
+                    .await
+                    .map_err(|e| e.to_string())?;
+                semaphore::delivery::stream::follow(url, arn, local.watch()).await?;
+                let store = Arc::new(
+                    DynamoDbStore::new(on_the_wire(&base, counters.clone()), "semaphore-burst")
+                        .with_capacity_tracking(capacity.clone()),
+                );
+                (store.clone(), store, "DynamoDB Local")
+            }
+        };
+    let policy = CallbackPolicy { allow_local: true };
+    let mut service = Service::new(store.clone(), Limits::default())
+        .with_tickets(tickets.clone())
+        .with_callback_policy(policy);
+    if args.dynamodb.is_none() {
+        // In memory the service tells the dispatcher of each change.
+        service = service.with_watch(local.watch());
+    }
+    let service = Arc::new(service);
+    let caller = Caller::new(policy, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    local.start(Arc::new(Dispatcher::new(service.clone(), caller)));
+    Ok((Target::InProcess(service), name))
+}
+
 /// One API request through the route table, as local-api serves it.
-async fn call(service: &Service, method: &str, path: &str, body: Value) -> (u16, Value) {
+async fn call(target: &Target, method: &str, path: &str, body: Value) -> (u16, Value) {
+    let service = match target {
+        Target::InProcess(service) => service,
+        Target::Http(client, base) => return http_call(client, base, method, path, body).await,
+    };
     let response = match api::resolve(method, path) {
         Ok((route, id)) => {
             let mut call = Budget::new(None);
@@ -356,4 +393,32 @@ async fn call(service: &Service, method: &str, path: &str, body: Value) -> (u16,
         Err(err) => api::error_response(&err),
     };
     (response.status, response.body)
+}
+
+/// One API request over HTTP; a failure to connect reads as status 0.
+async fn http_call(
+    client: &reqwest::Client,
+    base: &str,
+    method: &str,
+    path: &str,
+    body: Value,
+) -> (u16, Value) {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap_or(reqwest::Method::POST);
+    let sent = client
+        .request(method, format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await;
+    match sent {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let text = response.text().await.unwrap_or_default();
+            (
+                status,
+                serde_json::from_str(&text).unwrap_or(Value::String(text)),
+            )
+        }
+        Err(err) => (0, Value::String(err.to_string())),
+    }
 }
