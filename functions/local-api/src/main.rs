@@ -33,7 +33,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioIo, TokioTimer};
-use semaphore::api::{self, ApiResponse};
+use semaphore::api::{self, ApiResponse, MAX_BODY_BYTES};
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{self, Caller};
 use semaphore::metrics::LogFormat;
@@ -44,9 +44,6 @@ use tokio::sync::Semaphore;
 
 use connection::{Head, Rewind};
 use cors::Cors;
-
-/// Requests are a few dozen bytes; anything this large is not ours.
-const MAX_BODY_BYTES: usize = 64 * 1024;
 
 /// The whole semaphore API on one local HTTP server, over the same code as
 /// the Lambda functions: an in-memory store, or DynamoDB (Local).

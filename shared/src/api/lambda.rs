@@ -6,7 +6,7 @@ use std::future::ready;
 
 use lambda_http::{Body, Request, RequestExt, Response};
 
-use super::{serve, ApiResponse, Entry, Incoming, Route, TooLarge};
+use super::{serve, ApiResponse, Entry, Incoming, Route, TooLarge, MAX_BODY_BYTES};
 use crate::clock::deadline_instant;
 use crate::metrics::LogFormat;
 use crate::service::Service;
@@ -32,7 +32,7 @@ pub async fn handle(
         log: LogFormat::Json,
         give_up_with: None,
     };
-    let body = ready(Ok::<_, TooLarge>(body_bytes(request.body())));
+    let body = ready(body_bytes(request.body()));
     Ok(into_response(serve(Some(service), incoming, body).await))
 }
 
@@ -51,7 +51,7 @@ pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
         log: LogFormat::Json,
         give_up_with: None,
     };
-    let body = ready(Ok::<_, TooLarge>(body_bytes(request.body())));
+    let body = ready(body_bytes(request.body()));
     let mut response = into_response(serve(None, incoming, body).await);
     if head {
         // A HEAD answer has GET's status and headers, and no body.
@@ -60,13 +60,20 @@ pub async fn fallback(request: Request) -> Result<Response<Body>, Infallible> {
     Ok(response)
 }
 
-fn body_bytes(body: &Body) -> &[u8] {
-    match body {
+/// The body, unless it is over [`MAX_BODY_BYTES`]: then a 413 without
+/// reading it as JSON (the runtime has the event in memory already; a 128 MB
+/// function need not hold a parsed copy of it too).
+fn body_bytes(body: &Body) -> Result<&[u8], TooLarge> {
+    let bytes: &[u8] = match body {
         Body::Empty => &[],
         Body::Text(text) => text.as_bytes(),
         Body::Binary(bytes) => bytes,
         _ => &[],
+    };
+    if bytes.len() > MAX_BODY_BYTES {
+        return Err(TooLarge);
     }
+    Ok(bytes)
 }
 
 fn into_response(response: ApiResponse) -> Response<Body> {

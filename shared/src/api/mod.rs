@@ -18,4 +18,4 @@ pub use response::{error_response, ticket_body, ApiResponse};
 #[cfg(test)]
 pub(crate) use routes::every_route;
 pub use routes::{id_from_path, resolve, Route};
-pub use serve::{handle, respond, serve, BodyTimedOut, Entry, Incoming, TooLarge};
+pub use serve::{handle, respond, serve, BodyTimedOut, Entry, Incoming, TooLarge, MAX_BODY_BYTES};

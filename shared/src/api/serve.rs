@@ -38,6 +38,10 @@ pub struct Incoming<'a> {
     pub give_up_with: Option<Arc<Service>>,
 }
 
+/// The largest request body any entrypoint reads: requests are a few dozen
+/// bytes, anything this large is not ours (API Gateway passes up to 10 MB).
+pub const MAX_BODY_BYTES: usize = 64 * 1024;
+
 /// The request body was over the entrypoint's limit: a 413.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TooLarge;
