@@ -28,6 +28,9 @@ pub const WAITERS: (u64, u64) = (1, 1000);
 /// `MAX_TICKETS`: 1 to a million tickets waiting in a pool's backlog (each
 /// an item of up to about 3 KB, kept for its wait and 7 days more).
 pub const TICKETS: (u64, u64) = (1, 1_000_000);
+/// `WAITING_BUDGET`: borrows waiting at once across the service, 0 (none) to
+/// 10,000.
+pub const WAITING_BUDGET: (u64, u64) = (0, 10_000);
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -172,6 +175,11 @@ pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits
             defaults.max_async_wait_ms,
         )?,
         max_tickets: whole("MAX_TICKETS", TICKETS, defaults.max_tickets)?,
+        waiting_budget: whole(
+            "WAITING_BUDGET",
+            WAITING_BUDGET,
+            u64::from(defaults.waiting_budget),
+        )? as u32,
     })
 }
 

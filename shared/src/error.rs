@@ -19,6 +19,9 @@ pub enum Error {
     /// The pool's backlog holds `limit` tickets (`MAX_TICKETS`): no enqueue,
     /// and no borrower joins it, until admission takes some.
     BacklogFull { limit: u64 },
+    /// The service's waiting budget (`WAITING_BUDGET`) is in use: a borrow
+    /// that would wait is refused at once. Retryable.
+    Busy { budget: u32 },
     /// No such route.
     RouteNotFound,
     /// A known path with the wrong method; `allow` lists the right ones.
@@ -39,6 +42,7 @@ impl Error {
             Error::PoolNotFound | Error::TicketNotFound | Error::RouteNotFound => 404,
             Error::MethodNotAllowed { .. } => 405,
             Error::Exhausted | Error::BacklogFull { .. } => 409,
+            Error::Busy { .. } => 429,
             Error::Store(err) if err.kind == StoreErrorKind::Corrupt => 500,
             Error::Contention | Error::Store(_) => 502,
         }
@@ -60,8 +64,14 @@ impl fmt::Display for Error {
                 "this pool already has {limit} tickets waiting, its limit (MAX_TICKETS); try again later"
             );
         }
+        if let Error::Busy { budget } = self {
+            return write!(
+                f,
+                "{budget} borrows already wait on this service, its limit (WAITING_BUDGET); retry with backoff"
+            );
+        }
         f.write_str(match self {
-            Error::BacklogFull { .. } => "",
+            Error::BacklogFull { .. } | Error::Busy { .. } => "",
             Error::BadRequest(reason) => reason,
             Error::PoolNotFound => "pool not found",
             Error::TicketNotFound => semaphore_wire::TICKET_NOT_FOUND,

@@ -2,6 +2,7 @@
 
     tests/aws-local --port PORT [--admin-port PORT] [--allow-local-callbacks]
                     [--bin-dir DIR] [--stream-delay-ms MS] [--max-concurrency N]
+                    [--parameter-overrides NAME=VALUE ...]
 
 Starts, in the foreground: DynamoDB Local (unless DYNAMODB_ENDPOINT names one), moto's SQS,
 the table and queues as template.yaml declares them, every function's binary under the
@@ -70,6 +71,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--stream-delay-ms", type=int, default=200, help="stream to function delay (AWS's published median)"
     )
     parser.add_argument("--max-concurrency", type=int, default=16, help="sandboxes per function at most")
+    parser.add_argument(
+        "--parameter-overrides",
+        nargs="*",
+        default=[],
+        metavar="NAME=VALUE",
+        help="template parameters, as sam deploy takes them (e.g. BorrowConcurrency=8 WaitingBudget=4)",
+    )
     return parser.parse_args(argv)
 
 
@@ -303,6 +311,7 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
     dynamodb_task = asyncio.create_task(start_dynamodb(cleanups))
     moto_task = asyncio.create_task(start_moto(cleanups, run_dir / "logs" / "moto.log"))
     tpl = await tpl_task
+    tpl.override(dict(pair.split("=", 1) for pair in args.parameter_overrides))
     log.info("template read in %.1f s", time.monotonic() - started)
     binaries_wanted = {
         tpl.original["Resources"][rid]["Metadata"]["BuildProperties"]["Binary"]

@@ -28,6 +28,11 @@ class FunctionError(Exception):
         self.payload = payload or {}
 
 
+class Throttled(FunctionError):
+    """Lambda refused the invocation: the function's reserved concurrency was all in use
+    (TooManyRequestsException). API Gateway answers it with its own 500."""
+
+
 @dataclass(frozen=True)
 class StreamMapping:
     """A DynamoDB stream event source (AWS::Lambda::EventSourceMapping on a stream)."""

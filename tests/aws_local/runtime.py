@@ -5,7 +5,10 @@ each Lambda execution environment has: it polls `/2018-06-01/runtime/invocation/
 one event with its request id and deadline (now + the template's Timeout, the real one:
 cargo-lambda's `watch` sends 600000), and posts `/response` or `/error` (`/init/error` if
 it cannot start). A sandbox runs one invocation at a time; when every sandbox of a function
-is busy, another starts (a cold start), up to `max_concurrency`. A sandbox whose process
+is busy, another starts (a cold start), up to `max_concurrency` (the account's limit: past
+it an invocation waits); a function with reserved concurrency (ReservedConcurrentExecutions)
+has at most that many, and past it an invocation is refused at once (`Throttled`), as
+Lambda refuses it. A sandbox whose process
 exits, fails its init, or runs past its deadline is killed and its invocation fails with
 `FunctionError`, as Lambda's would. Each function's output, with Lambda's START / END /
 REPORT lines, is appended to `<log_dir>/<LogicalId>.log`.
@@ -29,7 +32,7 @@ from typing import Any, TextIO
 from aiohttp import web
 
 from . import procs
-from .model import FunctionError, JsonObject
+from .model import FunctionError, JsonObject, Throttled
 from .template import Function
 
 log = logging.getLogger("aws-local.runtime")
@@ -49,6 +52,7 @@ class Counters:
     timeouts: int = 0
     crashes: int = 0  # exits and init failures
     sandboxes: int = 0  # alive now
+    throttles: int = 0  # refused: its reserved concurrency in use
 
 
 class _Invocation:
@@ -275,6 +279,7 @@ class FunctionPool:
         self._log_path = log_file
         self._log: TextIO = log_file.open("a", buffering=1)
         self._max = max_concurrency
+        self._reserved = function.reserved_concurrency
         self._idle: list[_Sandbox] = []
         self._all: set[_Sandbox] = set()
         self._freed = asyncio.Condition()
@@ -296,6 +301,9 @@ class FunctionPool:
                     sandbox = self._idle.pop()
                     if not sandbox.dead:
                         return sandbox, False
+                if self._reserved is not None and len(self._all) >= self._reserved:
+                    self.counters.throttles += 1
+                    raise Throttled(self.function.logical_id, "Rate Exceeded: reserved concurrency in use")
                 if len(self._all) < self._max:
                     sandbox = _Sandbox(self)
                     self._all.add(sandbox)

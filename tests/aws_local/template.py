@@ -25,6 +25,9 @@ from .model import JsonObject, QueueMapping, StreamMapping
 _DUMMY_CODE = "s3://aws-local/code.zip"
 _PARTITION = "aws"
 
+# A role's inline policy for what Lambda does as the role, not the function's code.
+LAMBDA_SERVICE_POLICY = "lambda-service"
+
 
 class Unresolved(Exception):
     """An intrinsic the harness cannot resolve (a resource it does not create)."""
@@ -51,6 +54,7 @@ class Function:
     memory_mb: int
     environment: dict[str, str]
     statements: list[JsonObject]  # every Allow/Deny statement of its role's inline policies
+    reserved_concurrency: int | None = None  # ReservedConcurrentExecutions, if set
 
 
 @dataclass(frozen=True)
@@ -88,8 +92,35 @@ class Template:
         return props
 
     # ---- intrinsics ------------------------------------------------------------------------
+    def override(self, values: dict[str, str]) -> None:
+        """Parameter values given at deploy (sam deploy --parameter-overrides)."""
+        unknown = set(values) - set(self.transformed.get("Parameters", {}))
+        if unknown:
+            raise Unresolved(f"no such parameter: {sorted(unknown)}")
+        self.parameters.update(values)
+
+    def condition(self, name: str, physical: Physical) -> bool:
+        """A condition of the template's Conditions, with its parameters as they are."""
+        return self._truth(self.transformed.get("Conditions", {})[name], physical)
+
+    def _truth(self, value: Any, physical: Physical) -> bool:
+        ((key, arg),) = value.items()
+        if key == "Fn::Equals":
+            left, right = (_string(self.resolve(v, physical)) for v in arg)
+            return left == right
+        if key == "Fn::Not":
+            return not self._truth(arg[0], physical)
+        if key == "Fn::And":
+            return all(self._truth(v, physical) for v in arg)
+        if key == "Fn::Or":
+            return any(self._truth(v, physical) for v in arg)
+        if key == "Condition":
+            return self.condition(arg, physical)
+        raise Unresolved(f"{key} in a condition is not supported")
+
     def resolve(self, value: Any, physical: Physical) -> Any:
-        """Resolves Ref, Fn::GetAtt, Fn::Sub and Fn::Join in `value`, recursively."""
+        """Resolves Ref, Fn::GetAtt, Fn::Sub, Fn::Join and Fn::If in `value`, recursively
+        (`None` for AWS::NoValue)."""
         if isinstance(value, list):
             return [self.resolve(v, physical) for v in value]
         if not isinstance(value, dict):
@@ -106,6 +137,9 @@ class Template:
             if key == "Fn::Join":
                 delimiter, parts = arg
                 return delimiter.join(_string(self.resolve(p, physical)) for p in parts)
+            if key == "Fn::If":
+                name, then, otherwise = arg
+                return self.resolve(then if self.condition(name, physical) else otherwise, physical)
             if key.startswith("Fn::"):
                 raise Unresolved(f"{key} is not supported")
         return {k: self.resolve(v, physical) for k, v in value.items()}
@@ -119,6 +153,8 @@ class Template:
             "AWS::URLSuffix": "amazonaws.com",
             "AWS::StackId": f"arn:aws:cloudformation:{REGION}:{ACCOUNT}:stack/{physical.stack_name}/0",
         }
+        if name == "AWS::NoValue":
+            return None  # type: ignore[return-value]
         if name in pseudo:
             return pseudo[name]
         if name in self.parameters:
@@ -166,6 +202,9 @@ class Template:
                     memory_mb=int(self.resolve(props.get("MemorySize", 128), physical)),
                     environment=environment,
                     statements=self._statements(props.get("Role"), physical),
+                    reserved_concurrency=_reserved(
+                        self.resolve(props.get("ReservedConcurrentExecutions"), physical)
+                    ),
                 )
             )
         return found
@@ -173,15 +212,18 @@ class Template:
     def _statements(self, role: Any, physical: Physical) -> list[JsonObject]:
         """The inline policies' statements of the function's role (Fn::GetAtt [Role, Arn]).
 
-        The managed policies SAM attaches (basic execution; the stream and queue pollers')
-        grant logs and the event sources' reads to Lambda's pollers, none of the calls the
-        function's own code makes through this harness.
+        The managed policies SAM attaches (basic execution), and a role's policy named
+        `lambda-service` (the dispatcher's: its log group, its stream and queue read by its
+        event source mappings), grant what Lambda itself does as the role, none of the
+        calls the function's own code makes through this harness.
         """
         if not (isinstance(role, dict) and "Fn::GetAtt" in role):
             return []
         role_id = role["Fn::GetAtt"][0]
         statements: list[JsonObject] = []
         for policy in self.properties(role_id).get("Policies", []):
+            if policy.get("PolicyName") == LAMBDA_SERVICE_POLICY:
+                continue
             listed = policy["PolicyDocument"]["Statement"]
             for statement in listed if isinstance(listed, list) else [listed]:
                 statements.append(self.resolve(statement, physical))
@@ -257,6 +299,13 @@ def _getatt_of(value: Any, attr: str) -> str | None:
         rid, got = target.split(".", 1) if isinstance(target, str) else target
         return str(rid) if got == attr else None
     return None
+
+
+def _reserved(value: Any) -> int | None:
+    """ReservedConcurrentExecutions as resolved: a number, or nothing (AWS::NoValue)."""
+    if value is None or isinstance(value, dict):
+        return None
+    return int(value)
 
 
 def _filters(props: JsonObject) -> list[JsonObject]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from .model import FunctionError, JsonObject
+from .model import FunctionError, JsonObject, Throttled
 from .runtime import FunctionPool, Runtime, environment
 from .template import Function
 
@@ -54,7 +54,9 @@ while True:
 """
 
 
-def with_runtime(tmp_path: Path, body: Callable[[Runtime], Awaitable[None]]) -> FunctionPool:
+def with_runtime(
+    tmp_path: Path, body: Callable[[Runtime], Awaitable[None]], reserved: int | None = None
+) -> FunctionPool:
     binary = tmp_path / "stand-in"
     binary.write_text(f"#!{sys.executable}\n" + STAND_IN)
     binary.chmod(0o755)
@@ -67,6 +69,7 @@ def with_runtime(tmp_path: Path, body: Callable[[Runtime], Awaitable[None]]) -> 
         memory_mb=256,
         environment={"TABLE_NAME": "t"},
         statements=[],
+        reserved_concurrency=reserved,
     )
     pools: list[FunctionPool] = []
 
@@ -159,3 +162,26 @@ def test_busy_sandboxes_make_cold_starts_and_idle_ones_are_reused(tmp_path: Path
 
     pool = with_runtime(tmp_path, body)
     assert (pool.counters.cold_starts, pool.counters.invocations, pool.counters.sandboxes) == (3, 5, 0)
+
+
+def test_past_its_reserved_concurrency_an_invocation_is_throttled_at_once(tmp_path: Path) -> None:
+    """ReservedConcurrentExecutions 1: while its one sandbox is busy, Lambda refuses another
+    invocation at once (no wait, no second sandbox); once it is free, it runs again."""
+    got: list[str] = []
+
+    async def body(runtime: Runtime) -> None:
+        busy = asyncio.ensure_future(runtime.invoke("StandIn", {"do": "sleep", "s": 0.5}))
+        await asyncio.sleep(0.2)
+        started = time.monotonic()
+        try:
+            await runtime.invoke("StandIn", {"hello": 2})
+            got.append("ran")
+        except Throttled:
+            got.append(f"throttled in {time.monotonic() - started:.2f} s")
+        await busy
+        got.append(str((await runtime.invoke("StandIn", {"hello": 3}))["event"]))
+
+    pool = with_runtime(tmp_path, body, reserved=1)
+    assert got[0].startswith("throttled in 0.0"), got
+    assert got[1] == "{'hello': 3}", got
+    assert (pool.counters.throttles, pool.counters.cold_starts) == (1, 1)

@@ -104,3 +104,58 @@ def test_route_matching() -> None:
     assert found is not None and found.route.function == "Inspect" and found.parameters == {"id": "ab-cd"}
     assert match(routes, "GET", "/l/x/borrow").route.function == "Fallback"  # type: ignore[union-attr]
     assert match(routes, "GET", "/l/").route.function == "Fallback"  # type: ignore[union-attr]
+
+
+# Managed policies whose statements name every stream or every queue of the account.
+WILDCARD_MANAGED = ("AWSLambdaDynamoDBExecutionRole", "AWSLambdaSQSQueueExecutionRole")
+
+
+def test_no_role_of_the_transformed_template_allows_every_resource(tpl: template.Template) -> None:
+    """Least privilege, as SAM's translator writes the roles: no statement on `*`, and none
+    of the managed policies SAM attaches for event sources (they grant every stream and
+    every queue of the account)."""
+    roles = tpl.of_type("AWS::IAM::Role")
+    assert roles
+    for rid in roles:
+        props = tpl.transformed["Resources"][rid]["Properties"]
+        for policy_ in props.get("Policies", []):
+            listed = policy_["PolicyDocument"]["Statement"]
+            for statement in listed if isinstance(listed, list) else [listed]:
+                resources = statement.get("Resource", [])
+                for resource in resources if isinstance(resources, list) else [resources]:
+                    assert resource != "*", f"{rid} {policy_['PolicyName']}: {statement}"
+        for arn in props.get("ManagedPolicyArns", []):
+            text = str(arn)
+            assert not any(name in text for name in WILDCARD_MANAGED), f"{rid} attaches {text}"
+
+
+def test_the_table_is_protected_from_deletion_by_default(tpl: template.Template) -> None:
+    table = tpl.original["Resources"]["PoolTable"]
+    assert table["DeletionPolicy"] == "Retain"
+    assert table["Properties"]["DeletionProtectionEnabled"] == {"Ref": "DeletionProtection"}
+    assert tpl.original["Parameters"]["DeletionProtection"]["Default"] == "true"
+
+
+def test_every_function_has_its_errors_and_throttles_alarmed(tpl: template.Template) -> None:
+    """Each function's Errors and Throttles are in some alarm, and so are the stream's
+    iterator age, the wake queue's oldest message and the dead-letter queue."""
+    watched: set[tuple[str, str]] = set()
+    for rid in tpl.of_type("AWS::CloudWatch::Alarm"):
+        props = tpl.original["Resources"][rid]["Properties"]
+        stats = [m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]
+        if "MetricName" in props:
+            stats.append(props)
+        for metric in stats:
+            for dimension in metric.get("Dimensions", []):
+                value = dimension["Value"]
+                if not isinstance(value, dict):
+                    continue
+                getatt = value.get("Fn::GetAtt", [None])
+                target = value.get("Ref") or (getatt.split(".")[0] if isinstance(getatt, str) else getatt[0])
+                watched.add((metric["MetricName"], str(target)))
+    for fid in tpl.of_type("AWS::Lambda::Function"):
+        for metric in ("Errors", "Throttles"):
+            assert (metric, fid) in watched, f"no alarm on {fid}'s {metric}"
+    assert ("IteratorAge", "DispatcherFunction") in watched
+    assert ("ApproximateAgeOfOldestMessage", "WakeQueue") in watched
+    assert ("ApproximateNumberOfMessagesVisible", "DeadLetterQueue") in watched

@@ -21,6 +21,7 @@ mod item_growth;
 mod randomized;
 mod reliability;
 mod tickets;
+mod waiting_budget;
 
 /// With `autotests = false`, a file in tests/tests/ that is not declared
 /// above is never compiled nor run: fail instead.

@@ -31,6 +31,7 @@ const LIMITS: Limits = Limits {
     max_waiters: 100,
     max_async_wait_ms: 60_000,
     max_tickets: 10_000,
+    waiting_budget: 0,
 };
 
 fn seed() -> u64 {

@@ -15,7 +15,8 @@
 //! their callbacks.
 //!
 //! It reads `MAX_TTL_SECONDS`, `MAX_WAIT_SECONDS`, `MAX_WAITERS`,
-//! `MAX_ASYNC_WAIT_SECONDS` and `MAX_TICKETS` as the functions do, and refuses a bad value the
+//! `MAX_ASYNC_WAIT_SECONDS`, `MAX_TICKETS` and `WAITING_BUDGET` as the
+//! functions do, and refuses a bad value the
 //! same way (exit status 2).
 
 mod connection;
@@ -49,7 +50,7 @@ use cors::Cors;
 /// the Lambda functions: an in-memory store, or DynamoDB (Local).
 ///
 /// It reads MAX_TTL_SECONDS, MAX_WAIT_SECONDS, MAX_WAITERS,
-/// MAX_ASYNC_WAIT_SECONDS and MAX_TICKETS as the functions do, and refuses a value out of
+/// MAX_ASYNC_WAIT_SECONDS, MAX_TICKETS and WAITING_BUDGET as the functions do, and refuses a value out of
 /// range (exit status 2).
 #[derive(Debug, PartialEq, Parser)]
 #[command(name = "local-api", version)]

@@ -47,6 +47,19 @@ impl Service {
         request: BorrowRequest,
         call: &mut Budget,
     ) -> Result<Grant, Error> {
+        self.borrow_key(id.key(), request, call).await
+    }
+
+    /// [`Service::borrow`] on the pool stored under `key`. A borrow that
+    /// finds it must wait takes a pass of the service's waiting budget first
+    /// (see `waiting_room.rs`), and gives it back before answering.
+    pub(super) async fn borrow_key(
+        &self,
+        key: PoolKey,
+        request: BorrowRequest,
+        call: &mut Budget,
+    ) -> Result<Grant, Error> {
+        let mut room = Budget::new(call.deadline);
         let ttl_ms = request.ttl_ms.min(self.limits.max_ttl_ms).max(1);
         let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
         let mut ctx = self.ctx(call, wait);
@@ -60,7 +73,7 @@ impl Service {
             )
             .max(started);
         let borrower = Borrower {
-            key: id.key(),
+            key,
             lease: request.lease,
             holder: Holder {
                 digest: request.lease.digest(),
@@ -71,7 +84,25 @@ impl Service {
             max_waiters: self.limits.max_waiters,
             max_tickets: self.limits.max_tickets,
         };
-        borrower.run(&mut ctx).await
+        let record = ctx.load_existing(&key).await?;
+        // No free slot for it, or others ahead: it will wait.
+        let now = now_ms();
+        let state = record.pool.state(now);
+        let waits = state.available == 0 || state.waiting > 0 || record.pool.line().has_backlog();
+        let pass = if waits && Instant::now() < give_up {
+            let wait_ms = (give_up - Instant::now()).as_millis() as u64;
+            self.enter_waiting_room(wait_ms, &mut room).await?
+        } else {
+            None
+        };
+        let result = borrower.run(&mut ctx, record).await;
+        if let Some(pass) = pass {
+            self.leave_waiting_room(pass, &mut room).await;
+        }
+        call.stats.store_calls += room.stats.store_calls;
+        call.stats.store_errors += room.stats.store_errors;
+        call.stats.conflicts += room.stats.conflicts;
+        result
     }
 }
 
@@ -96,11 +127,11 @@ enum Placed {
 }
 
 impl Borrower {
-    async fn run(&self, ctx: &mut Harness<'_>) -> Result<Grant, Error> {
+    async fn run(&self, ctx: &mut Harness<'_>, record: Record) -> Result<Grant, Error> {
         // The backlog ticket item this request wrote, if any: its number and
         // the pool's incarnation.
         let mut backlog = None;
-        let result = self.borrow(ctx, &mut backlog).await;
+        let result = self.borrow(ctx, record, &mut backlog).await;
         if let Some((number, incarnation)) = backlog {
             self.end_backlog_ticket(ctx, number, incarnation).await;
         }
@@ -110,9 +141,9 @@ impl Borrower {
     async fn borrow(
         &self,
         ctx: &mut Harness<'_>,
+        record: Record,
         backlog: &mut Option<(u64, u64)>,
     ) -> Result<Grant, Error> {
-        let record = ctx.load_existing(&self.key).await?;
         let incarnation = record.incarnation;
         let (record, mine, joined_ms) = match self.place(ctx, record, backlog).await? {
             Placed::Granted(lease, own) => return Ok(self.grant(&lease, now_ms(), own)),

@@ -22,6 +22,7 @@ mod pacing;
 mod register;
 mod return_lease;
 mod settings;
+mod waiting_room;
 
 pub use async_mode::{
     Begin, EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW,

@@ -5,7 +5,7 @@ use std::time::Duration;
 use crate::clock::{now_ms, now_us};
 use crate::domain::{Pool, PoolState};
 use crate::error::Error;
-use crate::keys::PoolId;
+use crate::keys::{PoolId, PoolKey};
 use crate::store::{Created, Record, Updated};
 
 use super::{Budget, Service};
@@ -18,7 +18,16 @@ impl Service {
         count: u16,
         call: &mut Budget,
     ) -> Result<PoolState, Error> {
-        let key = id.key();
+        self.register_key(id.key(), count, call).await
+    }
+
+    /// [`Service::register`] of the pool stored under `key`.
+    pub(super) async fn register_key(
+        &self,
+        key: PoolKey,
+        count: u16,
+        call: &mut Budget,
+    ) -> Result<PoolState, Error> {
         let mut ctx = self.ctx(call, Duration::ZERO);
         let mut fresh = Record::new(Pool::new(count, now_us()));
         let mut lost = 0u32;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use crate::clock::now_ms;
 use crate::domain::{Lease, ReturnPlan};
 use crate::error::Error;
-use crate::keys::{LeaseId, PoolId};
+use crate::keys::{LeaseId, PoolId, PoolKey};
 use crate::store::{Record, Updated};
 
 use super::{Budget, Service};
@@ -23,7 +23,16 @@ impl Service {
         lease: LeaseId,
         call: &mut Budget,
     ) -> Result<bool, Error> {
-        let key = id.key();
+        self.return_key(id.key(), lease, call).await
+    }
+
+    /// [`Service::return_lease`] on the pool stored under `key`.
+    pub(super) async fn return_key(
+        &self,
+        key: PoolKey,
+        lease: LeaseId,
+        call: &mut Budget,
+    ) -> Result<bool, Error> {
         let digest = lease.digest();
         let mut ctx = self.ctx(call, Duration::ZERO);
         let mut record = ctx.load_existing(&key).await?;

@@ -17,6 +17,9 @@ pub struct Limits {
     /// Most tickets waiting in a pool's backlog (numbered, not yet admitted
     /// to its line): an enqueue or a borrower's join past it is refused.
     pub max_tickets: u64,
+    /// Borrows that may wait at once across the service (0: no limit): a
+    /// borrow that would wait past it gets 429 at once.
+    pub waiting_budget: u32,
 }
 
 impl Default for Limits {
@@ -29,6 +32,7 @@ impl Default for Limits {
             // 100 tickets of about 20 bytes keep a pool item within a few write units.
             max_waiters: 100,
             max_tickets: 10_000,
+            waiting_budget: 0,
         }
     }
 }

@@ -1,0 +1,146 @@
+//! The service's waiting budget (`WAITING_BUDGET`): how many borrows may
+//! wait at once, across every pool. A borrow that waits holds a Lambda
+//! execution for its whole wait, so a flood of waits would take the borrow
+//! function's reserved concurrency, and past it Lambda throttles with API
+//! Gateway's own error; the budget answers a JSON `429` first.
+//!
+//! The budget is a semaphore of our own: a few small pools, stored under
+//! keys that no pool UUID hashes to (so no request can reach them), of at
+//! most [`SHARD_COUNT`] slots each. A borrow about to wait takes a slot of
+//! one (a "pass", with no wait of its own) and returns it when it answers;
+//! its lease outlives the wait by a little, so that a crashed borrow's pass
+//! frees itself.
+
+use sha2::{Digest, Sha256};
+
+use crate::error::Error;
+use crate::keys::{LeaseId, PoolKey};
+
+use super::borrow::BorrowRequest;
+use super::{Budget, Service, Stats};
+
+/// Slots of one shard: its pool item stays small (one write unit).
+const SHARD_COUNT: u32 = 32;
+
+/// Shards a borrow tries before it is told the budget is in use.
+const TRIES: u32 = 3;
+
+/// A pass's lease outlives the wait it covers by this much (the store calls
+/// around the wait, and the return of the pass).
+const PASS_MARGIN_MS: u64 = 5_000;
+
+/// A borrow's place in the waiting budget, returned when it answers.
+pub(super) struct Pass {
+    key: PoolKey,
+    lease: LeaseId,
+}
+
+/// The shards of a budget: how many, and the count of each.
+fn shards(budget: u32) -> Vec<u16> {
+    let n = budget.div_ceil(SHARD_COUNT).max(1);
+    (0..n)
+        .map(|i| (budget / n + u32::from(i < budget % n)) as u16)
+        .collect()
+}
+
+/// The key of one shard. A pool's key is the SHA-256 of its UUID's 16 bytes;
+/// this input is longer, so no UUID maps to it. The budget is part of it: a
+/// new budget starts new shards (the old ones' passes run out on their own).
+fn shard_key(budget: u32, shard: usize) -> PoolKey {
+    let mut input = b"http-semaphore waiting budget ".to_vec();
+    input.extend_from_slice(&budget.to_be_bytes());
+    input.extend_from_slice(&(shard as u32).to_be_bytes());
+    let full = Sha256::digest(&input);
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&full[..16]);
+    PoolKey(key)
+}
+
+impl Service {
+    /// A pass for a borrow about to wait up to `wait_ms`: `None` without a
+    /// budget; [`Error::Busy`] when the shards it tried were all in use.
+    pub(super) async fn enter_waiting_room(
+        &self,
+        wait_ms: u64,
+        call: &mut Budget,
+    ) -> Result<Option<Pass>, Error> {
+        let budget = self.limits.waiting_budget;
+        if budget == 0 {
+            return Ok(None);
+        }
+        let counts = shards(budget);
+        let first = fastrand::usize(..counts.len());
+        for shard in (0..counts.len().min(TRIES as usize)).map(|i| (first + i) % counts.len()) {
+            let key = shard_key(budget, shard);
+            let request = BorrowRequest {
+                ttl_ms: wait_ms + PASS_MARGIN_MS,
+                wait_ms: 0,
+                lease: LeaseId::new_random(),
+            };
+            // `wait: 0` never asks for a pass itself; boxed, since a borrow
+            // calls a borrow.
+            let mut attempt = Box::pin(self.borrow_key(key, request, &mut own(call))).await;
+            if attempt == Err(Error::PoolNotFound) {
+                let mut created = own(call);
+                self.register_key(key, counts[shard], &mut created).await?;
+                add(call, &created.stats);
+                attempt = Box::pin(self.borrow_key(key, request, &mut own(call))).await;
+            }
+            match attempt {
+                Ok(_) => {
+                    return Ok(Some(Pass {
+                        key,
+                        lease: request.lease,
+                    }))
+                }
+                Err(Error::Exhausted) => continue,
+                Err(err) => return Err(err),
+            }
+        }
+        Err(Error::Busy { budget })
+    }
+
+    /// Gives the pass back (a failure only leaves it to run out).
+    pub(super) async fn leave_waiting_room(&self, pass: Pass, call: &mut Budget) {
+        let mut spent = own(call);
+        if let Err(err) = self.return_key(pass.key, pass.lease, &mut spent).await {
+            tracing::warn!(error = %err, "a waiting budget pass was not returned: it runs out");
+        }
+        add(call, &spent.stats);
+    }
+}
+
+/// A budget of the request's deadline for one call on a shard.
+fn own(call: &Budget) -> Budget {
+    Budget::new(call.deadline)
+}
+
+/// The shard calls count as the request's own.
+fn add(call: &mut Budget, spent: &Stats) {
+    call.stats.store_calls += spent.store_calls;
+    call.stats.store_errors += spent.store_errors;
+    call.stats.conflicts += spent.conflicts;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_share_the_budget_and_stay_small() {
+        for budget in [1, 31, 32, 33, 150, 1000, 10_000] {
+            let counts = shards(budget);
+            assert_eq!(counts.iter().map(|&c| u32::from(c)).sum::<u32>(), budget);
+            assert!(counts
+                .iter()
+                .all(|&c| (1..=SHARD_COUNT as u16).contains(&c)));
+        }
+    }
+
+    #[test]
+    fn shard_keys_differ_by_shard_and_budget() {
+        assert_ne!(shard_key(150, 0), shard_key(150, 1));
+        assert_ne!(shard_key(150, 0), shard_key(151, 0));
+        assert_eq!(shard_key(150, 2), shard_key(150, 2));
+    }
+}
