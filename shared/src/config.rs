@@ -31,6 +31,33 @@ pub const TICKETS: (u64, u64) = (1, 1_000_000);
 /// `WAITING_BUDGET`: borrows waiting at once across the service, 0 (none) to
 /// 10,000.
 pub const WAITING_BUDGET: (u64, u64) = (0, 10_000);
+/// `IDLE_POOL_DAYS`: 0 (never) to ten years.
+pub const IDLE_POOL_DAYS: (u64, u64) = (0, 3650);
+
+/// `IDLE_POOL_DAYS` from `var`.
+pub fn idle_pool_days_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<u64, String> {
+    match var("IDLE_POOL_DAYS") {
+        None => Ok(0),
+        Some(raw) => raw
+            .trim()
+            .parse::<u64>()
+            .ok()
+            .filter(|n| (IDLE_POOL_DAYS.0..=IDLE_POOL_DAYS.1).contains(n))
+            .ok_or(format!(
+                "IDLE_POOL_DAYS must be a whole number from {} to {}, got {raw:?}",
+                IDLE_POOL_DAYS.0, IDLE_POOL_DAYS.1
+            )),
+    }
+}
+
+/// How long after its last write an idle pool may be deleted: the days, and
+/// the longest a lease or a ticket that write left could still live.
+pub fn idle_expiry(days: u64, limits: &Limits) -> Option<Duration> {
+    (days > 0).then(|| {
+        Duration::from_secs(days * 86_400)
+            + Duration::from_millis(limits.max_ttl_ms.max(limits.max_async_wait_ms))
+    })
+}
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
@@ -41,6 +68,9 @@ pub struct Config {
     /// `ALLOW_LOCAL_CALLBACKS=true`: also `http` and loopback callbacks, for a
     /// receiver on the same machine. Local runs only: template.yaml leaves it unset.
     pub callbacks: CallbackPolicy,
+    /// `IDLE_POOL_DAYS` (0: never): a pool nobody writes for that long (and
+    /// the longest lease or ticket wait more) is deleted by DynamoDB's TTL.
+    pub idle_pool_days: u64,
 }
 
 impl Config {
@@ -68,6 +98,7 @@ impl Config {
             limits: limits_from_lookup(&var)?,
             dynamodb_endpoint: var("AWS_ENDPOINT_URL_DYNAMODB").filter(|e| !e.is_empty()),
             callbacks: CallbackPolicy { allow_local },
+            idle_pool_days: idle_pool_days_from_lookup(&var)?,
         })
     }
 }
@@ -238,7 +269,11 @@ pub async fn service_and_store_from_lookup(
 pub async fn service_and_store(config: Config) -> (Service, Arc<DynamoDbStore>) {
     let client = dynamodb_client(config.dynamodb_endpoint.as_deref()).await;
     dynamodb::warm_up(&client, &config.table_name).await;
-    let store = Arc::new(DynamoDbStore::new(client, config.table_name));
+    let mut store = DynamoDbStore::new(client, config.table_name);
+    if let Some(after) = idle_expiry(config.idle_pool_days, &config.limits) {
+        store = store.with_idle_expiry(after);
+    }
+    let store = Arc::new(store);
     (
         Service::new(store.clone(), config.limits)
             .with_tickets(store.clone())
@@ -283,6 +318,25 @@ mod tests {
             (l.max_ttl_ms, l.max_wait_ms, l.max_waiters, l.max_tickets),
             (60_000, 2_500, 7, 500)
         );
+    }
+
+    #[test]
+    fn idle_pool_days_default_off_and_refused_out_of_range() {
+        let config = Config::from_lookup(lookup(&[("TABLE_NAME", "t")])).unwrap();
+        assert_eq!(config.idle_pool_days, 0);
+        assert_eq!(idle_expiry(0, &config.limits), None);
+        let config =
+            Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("IDLE_POOL_DAYS", "30")])).unwrap();
+        // 30 days and a day more: the longest ticket wait it could leave live.
+        assert_eq!(
+            idle_expiry(config.idle_pool_days, &config.limits),
+            Some(Duration::from_secs(31 * 86_400))
+        );
+        for bad in ["-1", "3651", "1.5", "x"] {
+            let err = Config::from_lookup(lookup(&[("TABLE_NAME", "t"), ("IDLE_POOL_DAYS", bad)]))
+                .unwrap_err();
+            assert!(err.starts_with("IDLE_POOL_DAYS"), "{bad}: {err}");
+        }
     }
 
     #[test]
@@ -363,6 +417,8 @@ mod tests {
             ("MAX_TICKETS", "0"),
             ("MAX_TICKETS", "1000001"),
             ("MAX_TICKETS", "-3"),
+            ("WAITING_BUDGET", "10001"),
+            ("WAITING_BUDGET", "-1"),
         ] {
             let err = limits(&[(name, value)]).unwrap_err();
             assert!(err.starts_with(name), "{name}={value}: {err}");

@@ -126,7 +126,7 @@ const fn on_table(action: &'static str) -> Call {
 pub const READ_OUTSIDE_CONFIG: [&str; 2] = ["METRICS_NAMESPACE", "RUST_LOG"];
 
 /// What `config::Config` reads: every function that builds the service.
-const SERVICE_ENV: [EnvVar; 11] = [
+const SERVICE_ENV: [EnvVar; 12] = [
     required("TABLE_NAME"),
     optional("MAX_TTL_SECONDS"),
     optional("MAX_WAIT_SECONDS"),
@@ -134,6 +134,7 @@ const SERVICE_ENV: [EnvVar; 11] = [
     optional("MAX_ASYNC_WAIT_SECONDS"),
     optional("MAX_TICKETS"),
     optional("WAITING_BUDGET"),
+    optional("IDLE_POOL_DAYS"),
     optional("AWS_ENDPOINT_URL_DYNAMODB"),
     optional("ALLOW_LOCAL_CALLBACKS"),
     optional("METRICS_NAMESPACE"),
@@ -142,11 +143,11 @@ const SERVICE_ENV: [EnvVar; 11] = [
 
 /// What `config::granting_settings_from_lookup` reads: the service's
 /// settings and, optional, the wake queue.
-const GRANTING_ENV: [EnvVar; 12] = with(SERVICE_ENV, optional("WAKE_QUEUE_URL"));
+const GRANTING_ENV: [EnvVar; 13] = with(SERVICE_ENV, optional("WAKE_QUEUE_URL"));
 
 /// `vars` and one more.
-const fn with(vars: [EnvVar; 11], more: EnvVar) -> [EnvVar; 12] {
-    let mut all = [more; 12];
+const fn with(vars: [EnvVar; 12], more: EnvVar) -> [EnvVar; 13] {
+    let mut all = [more; 13];
     let mut i = 0;
     while i < vars.len() {
         all[i] = vars[i];
@@ -162,7 +163,7 @@ const WAKE_NOW: Call = Call {
 };
 
 /// The service's settings and the wake queue it sends to.
-const DISPATCHER_ENV: [EnvVar; 12] = with(SERVICE_ENV, required("WAKE_QUEUE_URL"));
+const DISPATCHER_ENV: [EnvVar; 13] = with(SERVICE_ENV, required("WAKE_QUEUE_URL"));
 
 const FALLBACK_ENV: [EnvVar; 2] = [optional("METRICS_NAMESPACE"), optional("RUST_LOG")];
 

@@ -17,6 +17,7 @@ mod concurrency;
 mod dispatcher;
 mod events;
 mod fair_and_fenced;
+mod idle_pools;
 mod item_growth;
 mod randomized;
 mod reliability;

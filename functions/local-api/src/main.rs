@@ -114,6 +114,13 @@ async fn main() -> ExitCode {
     // --help and --version exit 0; a bad argument prints usage, exit 2.
     let args = Args::parse();
     // The same variables, ranges and refusal as the Lambda functions.
+    let idle_pool_days = match config::idle_pool_days_from_lookup(|name| std::env::var(name).ok()) {
+        Ok(days) => days,
+        Err(err) => {
+            eprintln!("local-api: {err}");
+            return ExitCode::from(2);
+        }
+    };
     let limits = match config::limits_from_env() {
         Ok(limits) => limits,
         Err(err) => {
@@ -121,7 +128,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(args, limits).await {
+    match run(args, limits, idle_pool_days).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("local-api: {err}");
@@ -130,7 +137,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args, limits: Limits) -> Result<(), String> {
+async fn run(args: Args, limits: Limits, idle_pool_days: u64) -> Result<(), String> {
     let dynamodb = args.dynamodb.as_ref().zip(args.table.as_ref());
     let policy = CallbackPolicy {
         allow_local: args.allow_local_callbacks,
@@ -155,7 +162,11 @@ async fn run(args: Args, limits: Limits) -> Result<(), String> {
                 .await
                 .map_err(|e| format!("DynamoDB at {url}: {e}"))?;
             delivery::stream::follow(url, arn, local.watch()).await?;
-            let store = Arc::new(DynamoDbStore::new(client, table.clone()));
+            let mut store = DynamoDbStore::new(client, table.clone());
+            if let Some(after) = config::idle_expiry(idle_pool_days, &limits) {
+                store = store.with_idle_expiry(after);
+            }
+            let store = Arc::new(store);
             Service::new(store.clone(), limits).with_tickets(store)
         }
     };

@@ -34,6 +34,7 @@ use crate::keys::PoolKey;
 use codec::{decode, encode, number, Item};
 use expression::Expression;
 use schema::pool_item::{INCARNATION, NEXT_TICKET};
+use schema::ticket_item::EXPIRES_AT;
 
 mod admin;
 mod codec;
@@ -59,6 +60,9 @@ pub struct DynamoDbStore {
     table: String,
     /// Consumed write/read units × 1000, when tracking was asked for (benchmarks).
     consumed_milli_units: Option<Arc<AtomicU64>>,
+    /// How long after its last write a pool item may go (`xp`, DynamoDB TTL),
+    /// when idle pools expire (`IDLE_POOL_DAYS`).
+    idle_expiry: Option<std::time::Duration>,
 }
 
 impl DynamoDbStore {
@@ -67,7 +71,39 @@ impl DynamoDbStore {
             client,
             table: table.into(),
             consumed_milli_units: None,
+            idle_expiry: None,
         }
+    }
+
+    /// Every write of a pool item sets its `xp` to now + `after`: DynamoDB
+    /// deletes a pool nobody has written for that long. Safe because no
+    /// decision reads `xp` (TTL deletes days late), and `after` outlasts any
+    /// lease or ticket the last write could have left live.
+    pub fn with_idle_expiry(mut self, after: std::time::Duration) -> Self {
+        self.idle_expiry = Some(after);
+        self
+    }
+
+    /// The `xp` a pool write sets, if idle pools expire.
+    fn touch(&self, expr: &mut Expression) {
+        let Some(after) = self.idle_expiry else {
+            return;
+        };
+        let at = crate::clock::now_ms() / 1000 + after.as_secs();
+        expr.values.insert(":idle".into(), number(at));
+        expr.update = match expr.update.strip_prefix("SET ") {
+            Some(rest) => format!("SET {EXPIRES_AT} = :idle, {rest}"),
+            None => format!("SET {EXPIRES_AT} = :idle {}", expr.update),
+        };
+    }
+
+    /// A new pool item, with its `xp` if idle pools expire.
+    fn touched(&self, mut item: Item) -> Item {
+        if let Some(after) = self.idle_expiry {
+            let at = crate::clock::now_ms() / 1000 + after.as_secs();
+            item.insert(EXPIRES_AT.into(), number(at));
+        }
+        item
     }
 
     /// Asks DynamoDB for consumed capacity on every call and adds it up
@@ -199,7 +235,7 @@ impl PoolStore for DynamoDbStore {
     }
 
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-        let Some(item) = self.put_new(encode(key, record)).await? else {
+        let Some(item) = self.put_new(self.touched(encode(key, record))).await? else {
             return Ok(Created::Created(record.clone()));
         };
         let current = decode(&item)?;
@@ -219,7 +255,8 @@ impl PoolStore for DynamoDbStore {
         incarnation: u64,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let expr = Expression::of(incarnation, update);
+        let mut expr = Expression::of(incarnation, update);
+        self.touch(&mut expr);
         Ok(match self.update_item(pool_key(key), expr).await? {
             Written::Now(item) => Updated::Written(decode(&item)?),
             Written::Lost(Some(item)) => Updated::Lost(decode(&item)?),
@@ -237,6 +274,7 @@ impl PoolStore for DynamoDbStore {
             "attribute_exists({INCARNATION}) AND (attribute_not_exists({NEXT_TICKET}) OR {NEXT_TICKET} < :below)"
         );
         expr.values.insert(":below".into(), number(below));
+        self.touch(&mut expr);
         Ok(match self.update_item(pool_key(key), expr).await? {
             Written::Now(item) => Numbered::Taken(decode(&item)?),
             Written::Lost(Some(item)) if !item.is_empty() => Numbered::Full(decode(&item)?),

@@ -23,6 +23,7 @@
 //! | `y`  | M | async mode: async tickets in `q`, or granted and not yet delivered: digest → ticket number |
 //! | `z`  | N | async mode: `1` while the pool has async work (the stream's filter); removed once settled |
 //! | `wk` | N | async mode, AWS only: the dispatcher's pending wake of the pool (Unix ms): invocations that want it or a later one send none (`delivery/handler.rs`) |
+//! | `xp` | N | only with `IDLE_POOL_DAYS`: when DynamoDB may delete the pool (Unix s), set by every write to now + the days + the longest lease or ticket wait. No decision reads it |
 //!
 //! Ticket items (async mode), one per ticket (see `tickets.rs`):
 //!
