@@ -38,12 +38,19 @@ class Answer:
 
 
 def request(
-    url: str, method: str = "GET", body: Any = None, raw: bytes | None = None, timeout: float = 40.0
+    url: str,
+    method: str = "GET",
+    body: Any = None,
+    raw: bytes | None = None,
+    timeout: float = 40.0,
+    headers: dict[str, str] | None = None,
 ) -> Answer:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        req.add_header(name, value)
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(req, timeout=timeout) as response:

@@ -4,7 +4,8 @@ Each request is matched against the HttpApi's routes (a literal segment beats `{
 method beats ANY, `$default` catches the rest), turned into the documented version 2.0
 event, and answered by the function's response per the 2.0 rules. The HTTP API's own
 limits and answers are mirrored: a body over 10 MB is 413, an integration past 30 s is 503,
-a function error 500, each with API Gateway's `{"message": ...}` body. Logs name the route
+a function error 500, a route with IAM authorization and no valid signature 403 (sigv4.py),
+each with API Gateway's `{"message": ...}` body. Logs name the route
 key, never the path: a pool's id in the path is its credential.
 """
 
@@ -24,6 +25,7 @@ from urllib.parse import parse_qsl, unquote
 
 from aiohttp import web
 
+from . import sigv4
 from .model import FunctionError, JsonObject
 from .runtime import Runtime
 from .template import Route
@@ -187,6 +189,13 @@ async def _drain(request: web.Request, limit: int = 8 * MAX_BODY_BYTES) -> None:
         read += len(chunk)
 
 
+def _signed(request: web.Request, body: bytes) -> bool:
+    """A route with IAM authorization: signed by the stack's admin principal."""
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    url = f"http://{request.host}{request.raw_path}"
+    return sigv4.verify(request.method, url, headers, body)
+
+
 def _message(status: int, message: str) -> web.Response:
     return web.Response(status=status, body=json.dumps({"message": message}), content_type="application/json")
 
@@ -220,6 +229,8 @@ class FrontDoor:
             if len(body) > MAX_BODY_BYTES:
                 await _drain(request)
                 response = _message(413, "Request Entity Too Large")
+            elif found.route.authorization == "AWS_IAM" and not _signed(request, body):
+                response = _message(403, "Forbidden")
             else:
                 response = await self._integrate(request, found, body, request_id)
         response.headers["apigw-requestid"] = request_id

@@ -34,7 +34,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from . import awsjson, calls, procs, queues, table, template
+from . import awsjson, calls, procs, queues, sigv4, table, template
 from .admin import Admin
 from .faults import Faults
 from .front import FrontDoor
@@ -343,6 +343,13 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
             cleanups.append(drop)
     functions = tpl.functions(physical)
     routes = tpl.routes()
+    if any(r.authorization == "AWS_IAM" for r in routes):
+        say(
+            "IAM authorization on "
+            + ", ".join(r.key for r in routes if r.authorization == "AWS_IAM")
+            + f": sign with ADMIN_ACCESS_KEY_ID={sigv4.ADMIN_ACCESS_KEY_ID}"
+            + f" ADMIN_SECRET_ACCESS_KEY={sigv4.ADMIN_SECRET_ACCESS_KEY} (region {sigv4.REGION}, execute-api)"
+        )
 
     faults, recorder = Faults(), Recorder()
     proxy = Proxy(dynamodb=dynamodb, sqs=sqs, keys=key_names(described), faults=faults, recorder=recorder)

@@ -64,6 +64,7 @@ class Route:
     method: str
     path: str
     function: str
+    authorization: str = "NONE"  # or AWS_IAM: the operation's `security` names a sigv4 scheme
 
     @property
     def key(self) -> str:
@@ -230,10 +231,14 @@ class Template:
         return statements
 
     def routes(self) -> list[Route]:
-        """The HttpApi's routes, from the OpenAPI body the transform writes."""
+        """The HttpApi's routes, from the OpenAPI body the transform writes, each with its
+        authorization (its `security`, conditions resolved with the parameters)."""
         found = []
         for api in self.of_type("AWS::ApiGatewayV2::Api"):
-            for path, methods in self.properties(api).get("Body", {}).get("paths", {}).items():
+            body = self.properties(api).get("Body", {})
+            schemes = body.get("components", {}).get("securitySchemes", {})
+            sigv4 = {n for n, s in schemes.items() if s.get("x-amazon-apigateway-authtype") == "awsSigv4"}
+            for path, methods in body.get("paths", {}).items():
                 for method, operation in methods.items():
                     uri = operation.get("x-amazon-apigateway-integration", {}).get("uri", {})
                     sub = uri.get("Fn::Sub", "") if isinstance(uri, dict) else ""
@@ -241,7 +246,9 @@ class Template:
                     if target is None:
                         continue
                     verb = "ANY" if method == "x-amazon-apigateway-any-method" else method.upper()
-                    found.append(Route(verb, path, target.group(1)))
+                    security = self.resolve(operation.get("security", []), Physical(stack_name="-")) or []
+                    iam = any(name in sigv4 for requirement in security for name in requirement)
+                    found.append(Route(verb, path, target.group(1), "AWS_IAM" if iam else "NONE"))
         return found
 
     def stream_mappings(self, physical: Physical) -> list[StreamMapping]:

@@ -159,3 +159,12 @@ def test_every_function_has_its_errors_and_throttles_alarmed(tpl: template.Templ
     assert ("IteratorAge", "DispatcherFunction") in watched
     assert ("ApproximateAgeOfOldestMessage", "WakeQueue") in watched
     assert ("ApproximateNumberOfMessagesVisible", "DeadLetterQueue") in watched
+
+
+def test_admin_auth_puts_put_and_delete_alone_behind_iam() -> None:
+    """`AdminAuth` (default NONE, the contract): AWS_IAM signs PUT and DELETE /l/{id} alone."""
+    tpl = template.load(ROOT / "template.yaml", ROOT / "target" / "aws-local")
+    assert {r.authorization for r in tpl.routes()} == {"NONE"}
+    tpl.override({"AdminAuth": "AWS_IAM"})
+    behind = {r.key for r in tpl.routes() if r.authorization == "AWS_IAM"}
+    assert behind == {"PUT /l/{id}", "DELETE /l/{id}"}
