@@ -338,6 +338,15 @@ async def run(args: argparse.Namespace, cleanups: list[Cleanup]) -> None:
 
             async def drop(name: str = name) -> None:
                 with contextlib.suppress(Exception):
+                    # The template protects its table from deletion: turned off first, as
+                    # an operator would.
+                    await awsjson.call(
+                        session,
+                        dynamodb,
+                        "dynamodb",
+                        "UpdateTable",
+                        {"TableName": name, "DeletionProtectionEnabled": False},
+                    )
                     await awsjson.call(session, dynamodb, "dynamodb", "DeleteTable", {"TableName": name})
 
             cleanups.append(drop)
