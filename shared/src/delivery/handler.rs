@@ -174,10 +174,10 @@ impl Handler {
         Ok(response)
     }
 
-    /// Steps the pool, arming its next wake at once (before any delivery,
-    /// which may outlast this invocation); then, from the wake queue, makes
-    /// its deliveries side by side, round after round while they leave work
-    /// and time, or, from the stream, hands them to the wake queue.
+    /// Steps the pool and arms its next wake; from the wake queue, makes its
+    /// deliveries side by side as the wake is armed, round after round while
+    /// they leave work and time; from the stream, hands them to the wake
+    /// queue.
     /// `handled`: the wakes of it being handled (they may arrive early, and
     /// are no longer pending).
     async fn run_pool(
@@ -209,6 +209,27 @@ impl Handler {
                 .step(key)
                 .await
                 .map_err(|e| format!("{e:?}"))?;
+            if source == Source::Queue
+                && !stepped.deliver.is_empty()
+                && deadline.is_none_or(|d| Instant::now() + ROUND <= d)
+            {
+                // Deliveries start at once, the wake's arming beside them
+                // (two store calls the first attempt need not wait for). A
+                // failed arming fails the records once the deliveries end:
+                // their retry steps the pool again.
+                let mut deliveries = JoinSet::new();
+                for delivery in stepped.deliver {
+                    let dispatcher = self.dispatcher.clone();
+                    deliveries.spawn(async move { dispatcher.deliver(key, delivery).await });
+                }
+                let armed = match stepped.wake_ms {
+                    Some(at) => self.arm(key, at, &mut handled).await.map(|()| true),
+                    None => Ok(false),
+                };
+                while deliveries.join_next().await.is_some() {}
+                armed_any |= armed?;
+                continue;
+            }
             if let Some(at) = stepped.wake_ms {
                 if let Err(err) = self.arm(key, at, &mut handled).await {
                     // Unmarked, or this sandbox's later steps would pass
