@@ -271,6 +271,8 @@ def main() -> None:
     receiver = Receiver()
     figures: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args)}
     for n, delay in enumerate(delays):
+        if args.async_only and not args.tickets and not args.expiries:
+            break  # the burst alone
         with launch.running(OUT / "bench", "--stream-delay-ms", str(delay)) as (front, admin):
             if n == 0 and not args.async_only:
                 figures["aws-local"] = sync_run(front, args.cycles, args.clients, args.rounds)
