@@ -254,18 +254,11 @@ impl Handler {
                     .map_err(|err| format!("the deliveries were not handed on: {err}"))?;
                 break;
             }
-            if deadline.is_some_and(|d| Instant::now() + ROUND > d) {
-                // No time to deliver and record: the next invocation will.
-                self.dispatcher.abandon(key, &stepped.deliver);
-                self.arm(key, now_ms(), &mut handled).await?;
-                return Ok(());
-            }
-            let mut deliveries = JoinSet::new();
-            for delivery in stepped.deliver {
-                let dispatcher = self.dispatcher.clone();
-                deliveries.spawn(async move { dispatcher.deliver(key, delivery).await });
-            }
-            while deliveries.join_next().await.is_some() {}
+            // From the wake queue with no time left to deliver and record
+            // (the case above had the time): the next invocation will.
+            self.dispatcher.abandon(key, &stepped.deliver);
+            self.arm(key, now_ms(), &mut handled).await?;
+            return Ok(());
         }
         // A wake handled before its time that armed no other would hold off
         // a later one until its time: clear it.
