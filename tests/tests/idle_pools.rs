@@ -89,4 +89,15 @@ async fn every_pool_write_pushes_its_expiry_and_none_is_set_without_it() {
     plain.register(&other, 1).await;
     plain.borrow(&other, 30.0, 0.0).await;
     assert_eq!(xp_of(&client, &other).await, None);
+    // Turned off after it was on: the next write takes the old date away
+    // (TTL would delete the pool on it, in use or not).
+    reset(&client, &pool).await;
+    let (status, body) = plain.borrow(&pool, 30.0, 0.0).await;
+    assert_eq!(
+        status, 409,
+        "the slot is held: a refusal writes nothing: {body}"
+    );
+    let held = held["lease"].as_str().expect("lease").to_string();
+    plain.return_lease(&pool, &held).await;
+    assert_eq!(xp_of(&client, &pool).await, None, "removed by the return");
 }

@@ -12,6 +12,7 @@ use crate::store::{PutTicket, Record, TicketStore};
 use super::async_mode::{admit, filler_ticket, take_number};
 use super::harness::{write, Harness};
 use super::pacing::{Forecast, Pace};
+use super::waiting_room::Pass;
 use super::{Budget, Service};
 
 /// A granted lease, as the borrow response reports it.
@@ -47,20 +48,24 @@ impl Service {
         request: BorrowRequest,
         call: &mut Budget,
     ) -> Result<Grant, Error> {
-        self.borrow_key(id.key(), request, call).await
+        self.borrow_key(id.key(), request, call, Who::Client).await
     }
 
-    /// [`Service::borrow`] on the pool stored under `key`. A borrow that
-    /// finds it must wait takes a pass of the service's waiting budget first
-    /// (see `waiting_room.rs`), and gives it back before answering.
+    /// [`Service::borrow`] on the pool stored under `key`, for a client (a
+    /// borrow about to wait takes a pass of the service's waiting budget
+    /// first, see `waiting_room.rs`, and gives it back before answering) or
+    /// for a pass itself (its ttl is not clamped: it covers a whole wait).
     pub(super) async fn borrow_key(
         &self,
         key: PoolKey,
         request: BorrowRequest,
         call: &mut Budget,
+        who: Who,
     ) -> Result<Grant, Error> {
-        let mut room = Budget::new(call.deadline);
-        let ttl_ms = request.ttl_ms.min(self.limits.max_ttl_ms).max(1);
+        let ttl_ms = match who {
+            Who::Client => request.ttl_ms.min(self.limits.max_ttl_ms).max(1),
+            Who::Pass => request.ttl_ms.max(1),
+        };
         let wait = Duration::from_millis(request.wait_ms.min(self.limits.max_wait_ms));
         let mut ctx = self.ctx(call, wait);
         let started = Instant::now();
@@ -73,6 +78,7 @@ impl Service {
             )
             .max(started);
         let borrower = Borrower {
+            service: (who == Who::Client).then_some(self),
             key,
             lease: request.lease,
             holder: Holder {
@@ -84,30 +90,22 @@ impl Service {
             max_waiters: self.limits.max_waiters,
             max_tickets: self.limits.max_tickets,
         };
-        let record = ctx.load_existing(&key).await?;
-        // No free slot for it, or others ahead: it will wait.
-        let now = now_ms();
-        let state = record.pool.state(now);
-        let waits = state.available == 0 || state.waiting > 0 || record.pool.line().has_backlog();
-        let pass = if waits && Instant::now() < give_up {
-            let wait_ms = (give_up - Instant::now()).as_millis() as u64;
-            self.enter_waiting_room(wait_ms, &mut room).await?
-        } else {
-            None
-        };
-        let result = borrower.run(&mut ctx, record).await;
-        if let Some(pass) = pass {
-            self.leave_waiting_room(pass, &mut room).await;
-        }
-        call.stats.store_calls += room.stats.store_calls;
-        call.stats.store_errors += room.stats.store_errors;
-        call.stats.conflicts += room.stats.conflicts;
-        result
+        borrower.run(&mut ctx).await
     }
 }
 
+/// Who borrows: a client, or the waiting budget for one of its passes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Who {
+    Client,
+    Pass,
+}
+
 /// One borrow in progress.
-struct Borrower {
+struct Borrower<'s> {
+    /// The service whose waiting budget a client's borrow takes a pass of
+    /// before it waits (`None`: a pass's own borrow, which never waits).
+    service: Option<&'s Service>,
     key: PoolKey,
     lease: LeaseId,
     holder: Holder,
@@ -126,12 +124,17 @@ enum Placed {
     Queued(Record, Holder, u64),
 }
 
-impl Borrower {
-    async fn run(&self, ctx: &mut Harness<'_>, record: Record) -> Result<Grant, Error> {
+impl Borrower<'_> {
+    async fn run(&self, ctx: &mut Harness<'_>) -> Result<Grant, Error> {
         // The backlog ticket item this request wrote, if any: its number and
         // the pool's incarnation.
         let mut backlog = None;
-        let result = self.borrow(ctx, record, &mut backlog).await;
+        // Its pass of the waiting budget, once it is about to wait.
+        let mut pass = None;
+        let result = self.borrow(ctx, &mut backlog, &mut pass).await;
+        if let (Some(service), Some(pass)) = (self.service, pass) {
+            service.leave_waiting_room(pass, ctx.stats).await;
+        }
         if let Some((number, incarnation)) = backlog {
             self.end_backlog_ticket(ctx, number, incarnation).await;
         }
@@ -141,11 +144,12 @@ impl Borrower {
     async fn borrow(
         &self,
         ctx: &mut Harness<'_>,
-        record: Record,
         backlog: &mut Option<(u64, u64)>,
+        pass: &mut Option<Pass>,
     ) -> Result<Grant, Error> {
+        let record = ctx.load_existing(&self.key).await?;
         let incarnation = record.incarnation;
-        let (record, mine, joined_ms) = match self.place(ctx, record, backlog).await? {
+        let (record, mine, joined_ms) = match self.place(ctx, record, backlog, pass).await? {
             Placed::Granted(lease, own) => return Ok(self.grant(&lease, now_ms(), own)),
             Placed::Queued(record, mine, joined_ms) => (record, mine, joined_ms),
         };
@@ -209,12 +213,33 @@ impl Borrower {
         }
     }
 
+    /// Takes a pass of the waiting budget, unless it holds one (or is a
+    /// pass's own borrow): just before a write that has it wait.
+    async fn enter_waiting_room(
+        &self,
+        ctx: &mut Harness<'_>,
+        pass: &mut Option<Pass>,
+    ) -> Result<(), Error> {
+        let Some(service) = self.service.filter(|_| pass.is_none()) else {
+            return Ok(());
+        };
+        let wait_ms = self
+            .give_up
+            .saturating_duration_since(Instant::now())
+            .as_millis() as u64;
+        *pass = service
+            .enter_waiting_room(wait_ms, ctx.answer_by, ctx.stats)
+            .await?;
+        Ok(())
+    }
+
     /// Takes a free slot, or joins the queue.
     async fn place(
         &self,
         ctx: &mut Harness<'_>,
         mut record: Record,
         backlog: &mut Option<(u64, u64)>,
+        pass: &mut Option<Pass>,
     ) -> Result<Placed, Error> {
         let incarnation = record.incarnation;
         let mut lost = 0u32;
@@ -254,7 +279,8 @@ impl Borrower {
                 BorrowPlan::Cancelled | BorrowPlan::Full => return Err(Error::Exhausted),
                 BorrowPlan::Backlog if !may_wait => return Err(Error::Exhausted),
                 BorrowPlan::Backlog => {
-                    return self.wait_in_backlog(ctx, incarnation, backlog).await
+                    self.enter_waiting_room(ctx, pass).await?;
+                    return self.wait_in_backlog(ctx, incarnation, backlog).await;
                 }
                 BorrowPlan::Prune(update) => {
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
@@ -270,6 +296,7 @@ impl Borrower {
                         // `wait: 0` (or no time left): no waiting at all.
                         return Err(Error::Exhausted);
                     }
+                    self.enter_waiting_room(ctx, pass).await?;
                     let joined = write(ctx, &self.key, &record, &update, &mut lost).await?;
                     if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
                         return Ok(Placed::Queued(joined, self.holder, now));

@@ -13,10 +13,12 @@
 
 use sha2::{Digest, Sha256};
 
+use std::time::{Duration, Instant};
+
 use crate::error::Error;
 use crate::keys::{LeaseId, PoolKey};
 
-use super::borrow::BorrowRequest;
+use super::borrow::{BorrowRequest, Who};
 use super::{Budget, Service, Stats};
 
 /// Slots of one shard: its pool item stays small (one write unit).
@@ -56,13 +58,21 @@ fn shard_key(budget: u32, shard: usize) -> PoolKey {
     PoolKey(key)
 }
 
+/// How long one call on a shard may take: a budget that cannot be reached in
+/// time lets the borrow wait without a pass (it fails open, see below).
+const SHARD_CALL: Duration = Duration::from_millis(1_000);
+
 impl Service {
     /// A pass for a borrow about to wait up to `wait_ms`: `None` without a
-    /// budget; [`Error::Busy`] when the shards it tried were all in use.
+    /// budget, or when no shard could be reached ([`Error::Busy`] only when
+    /// the shards it tried were all in use). Fails open: the budget guards
+    /// against floods, and a store that cannot answer it is no reason to
+    /// refuse a borrow the pool itself would take.
     pub(super) async fn enter_waiting_room(
         &self,
         wait_ms: u64,
-        call: &mut Budget,
+        answer_by: Instant,
+        stats: &mut Stats,
     ) -> Result<Option<Pass>, Error> {
         let budget = self.limits.waiting_budget;
         if budget == 0 {
@@ -70,21 +80,23 @@ impl Service {
         }
         let counts = shards(budget);
         let first = fastrand::usize(..counts.len());
-        for shard in (0..counts.len().min(TRIES as usize)).map(|i| (first + i) % counts.len()) {
+        let mut full = 0;
+        let tries = counts.len().min(TRIES as usize);
+        for shard in (0..tries).map(|i| (first + i) % counts.len()) {
             let key = shard_key(budget, shard);
             let request = BorrowRequest {
                 ttl_ms: wait_ms + PASS_MARGIN_MS,
                 wait_ms: 0,
                 lease: LeaseId::new_random(),
             };
-            // `wait: 0` never asks for a pass itself; boxed, since a borrow
-            // calls a borrow.
-            let mut attempt = Box::pin(self.borrow_key(key, request, &mut own(call))).await;
+            let mut attempt = self.pass_call(key, request, answer_by, stats).await;
             if attempt == Err(Error::PoolNotFound) {
-                let mut created = own(call);
-                self.register_key(key, counts[shard], &mut created).await?;
-                add(call, &created.stats);
-                attempt = Box::pin(self.borrow_key(key, request, &mut own(call))).await;
+                let mut created = self.shard_budget(answer_by);
+                let made = self.register_key(key, counts[shard], &mut created).await;
+                add(stats, &created.stats);
+                if made.is_ok() {
+                    attempt = self.pass_call(key, request, answer_by, stats).await;
+                }
             }
             match attempt {
                 Ok(_) => {
@@ -93,33 +105,55 @@ impl Service {
                         lease: request.lease,
                     }))
                 }
-                Err(Error::Exhausted) => continue,
-                Err(err) => return Err(err),
+                Err(Error::Exhausted) => full += 1,
+                Err(err) => {
+                    tracing::warn!(error = %err, "a waiting budget shard did not answer");
+                }
             }
         }
-        Err(Error::Busy { budget })
+        if full == tries {
+            return Err(Error::Busy { budget });
+        }
+        Ok(None)
+    }
+
+    /// A pass's borrow on one shard (wait 0: it never asks for a pass
+    /// itself; boxed, since a borrow calls a borrow).
+    async fn pass_call(
+        &self,
+        key: PoolKey,
+        request: BorrowRequest,
+        answer_by: Instant,
+        stats: &mut Stats,
+    ) -> Result<super::Grant, Error> {
+        let mut spent = self.shard_budget(answer_by);
+        let result = Box::pin(self.borrow_key(key, request, &mut spent, Who::Pass)).await;
+        add(stats, &spent.stats);
+        result
+    }
+
+    /// A shard call's budget: [`SHARD_CALL`], and never past the request's
+    /// answer (the harness keeps its margin before a deadline: given back).
+    fn shard_budget(&self, answer_by: Instant) -> Budget {
+        let until = answer_by.min(Instant::now() + SHARD_CALL) + self.timing.deadline_margin;
+        Budget::new(Some(until))
     }
 
     /// Gives the pass back (a failure only leaves it to run out).
-    pub(super) async fn leave_waiting_room(&self, pass: Pass, call: &mut Budget) {
-        let mut spent = own(call);
+    pub(super) async fn leave_waiting_room(&self, pass: Pass, stats: &mut Stats) {
+        let mut spent = Budget::new(None);
         if let Err(err) = self.return_key(pass.key, pass.lease, &mut spent).await {
             tracing::warn!(error = %err, "a waiting budget pass was not returned: it runs out");
         }
-        add(call, &spent.stats);
+        add(stats, &spent.stats);
     }
 }
 
-/// A budget of the request's deadline for one call on a shard.
-fn own(call: &Budget) -> Budget {
-    Budget::new(call.deadline)
-}
-
 /// The shard calls count as the request's own.
-fn add(call: &mut Budget, spent: &Stats) {
-    call.stats.store_calls += spent.store_calls;
-    call.stats.store_errors += spent.store_errors;
-    call.stats.conflicts += spent.conflicts;
+fn add(stats: &mut Stats, spent: &Stats) {
+    stats.store_calls += spent.store_calls;
+    stats.store_errors += spent.store_errors;
+    stats.conflicts += spent.conflicts;
 }
 
 #[cfg(test)]

@@ -321,16 +321,8 @@ impl Step {
             // needs time: admission passes it GAP_MS after a later ticket was
             // written, which is now at the latest. (A backlog ticket whose
             // wait ends needs no step: it reads `expired` at once, and
-            // admission passes it when it comes to it.) A sync waiter that
-            // gives up leaves the queue with no write: room from then on.
-            let gap_passable = now + GAP_MS;
-            let room = pool
-                .queue()
-                .iter()
-                .map(|t| t.give_up.dead_from_ms())
-                .filter(|&dead| dead > now)
-                .min();
-            let at = room.map_or(gap_passable, |r| r.min(gap_passable));
+            // admission passes it when it comes to it.)
+            let at = now + GAP_MS;
             self.wake_ms = Some(self.wake_ms.map_or(at, |w| w.min(at)));
         }
     }

@@ -84,9 +84,15 @@ impl DynamoDbStore {
         self
     }
 
-    /// The `xp` a pool write sets, if idle pools expire.
+    /// The `xp` a pool write sets, if idle pools expire; else it removes one
+    /// an earlier setting left (TTL would delete the pool on that date, in
+    /// use or not).
     fn touch(&self, expr: &mut Expression) {
         let Some(after) = self.idle_expiry else {
+            expr.update = match expr.update.split_once("REMOVE ") {
+                Some((before, rest)) => format!("{before}REMOVE {EXPIRES_AT}, {rest}"),
+                None => format!("{} REMOVE {EXPIRES_AT}", expr.update),
+            };
             return;
         };
         let at = crate::clock::now_ms() / 1000 + after.as_secs();
