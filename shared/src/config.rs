@@ -36,16 +36,26 @@ pub const IDLE_POOL_DAYS: (u64, u64) = (0, 3650);
 
 /// `IDLE_POOL_DAYS` from `var`.
 pub fn idle_pool_days_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<u64, String> {
-    match var("IDLE_POOL_DAYS") {
-        None => Ok(0),
+    whole_number(&var, "IDLE_POOL_DAYS", IDLE_POOL_DAYS, 0)
+}
+
+/// The variable `name` as a whole number within `(min, max)`, or `default`
+/// when it is not set; anything else is refused, naming the variable.
+fn whole_number(
+    var: impl Fn(&str) -> Option<String>,
+    name: &str,
+    (min, max): (u64, u64),
+    default: u64,
+) -> Result<u64, String> {
+    match var(name) {
+        None => Ok(default),
         Some(raw) => raw
             .trim()
             .parse::<u64>()
             .ok()
-            .filter(|n| (IDLE_POOL_DAYS.0..=IDLE_POOL_DAYS.1).contains(n))
+            .filter(|n| (min..=max).contains(n))
             .ok_or(format!(
-                "IDLE_POOL_DAYS must be a whole number from {} to {}, got {raw:?}",
-                IDLE_POOL_DAYS.0, IDLE_POOL_DAYS.1
+                "{name} must be a whole number from {min} to {max}, got {raw:?}"
             )),
     }
 }
@@ -184,17 +194,8 @@ pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits
                 "{name} must be a number of seconds from {min} to {max}, got {raw:?}"
             )),
     };
-    let whole = |name: &str, (min, max): (u64, u64), default: u64| match var(name) {
-        None => Ok(default),
-        Some(raw) => raw
-            .trim()
-            .parse::<u64>()
-            .ok()
-            .filter(|n| (min..=max).contains(n))
-            .ok_or(format!(
-                "{name} must be a whole number from {min} to {max}, got {raw:?}"
-            )),
-    };
+    let whole =
+        |name: &str, range: (u64, u64), default: u64| whole_number(&var, name, range, default);
     let max_waiters = whole("MAX_WAITERS", WAITERS, defaults.max_waiters as u64)? as usize;
     Ok(Limits {
         max_ttl_ms: seconds("MAX_TTL_SECONDS", TTL_SECONDS, defaults.max_ttl_ms)?,
