@@ -24,7 +24,8 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    ConsumedCapacity, ReturnConsumedCapacity, ReturnValue, ReturnValuesOnConditionCheckFailure,
+    AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure,
 };
 use aws_sdk_dynamodb::Client;
 
@@ -88,15 +89,14 @@ impl DynamoDbStore {
     /// an earlier setting left (TTL would delete the pool on that date, in
     /// use or not).
     fn touch(&self, expr: &mut Expression) {
-        let Some(after) = self.idle_expiry else {
+        let Some(at) = self.idle_until() else {
             expr.update = match expr.update.split_once("REMOVE ") {
                 Some((before, rest)) => format!("{before}REMOVE {EXPIRES_AT}, {rest}"),
                 None => format!("{} REMOVE {EXPIRES_AT}", expr.update),
             };
             return;
         };
-        let at = crate::clock::now_ms() / 1000 + after.as_secs();
-        expr.values.insert(":idle".into(), number(at));
+        expr.values.insert(":idle".into(), at);
         expr.update = match expr.update.strip_prefix("SET ") {
             Some(rest) => format!("SET {EXPIRES_AT} = :idle, {rest}"),
             None => format!("SET {EXPIRES_AT} = :idle {}", expr.update),
@@ -105,11 +105,16 @@ impl DynamoDbStore {
 
     /// A new pool item, with its `xp` if idle pools expire.
     fn touched(&self, mut item: Item) -> Item {
-        if let Some(after) = self.idle_expiry {
-            let at = crate::clock::now_ms() / 1000 + after.as_secs();
-            item.insert(EXPIRES_AT.into(), number(at));
+        if let Some(at) = self.idle_until() {
+            item.insert(EXPIRES_AT.into(), at);
         }
         item
+    }
+
+    /// The `xp` a pool write sets now (Unix s), if idle pools expire.
+    fn idle_until(&self) -> Option<AttributeValue> {
+        let after = self.idle_expiry?;
+        Some(number(crate::clock::now_ms() / 1000 + after.as_secs()))
     }
 
     /// Asks DynamoDB for consumed capacity on every call and adds it up
