@@ -29,6 +29,7 @@ on_both_stores!(
     refused_callbacks_are_400,
     deleting_the_pool_ends_its_tickets,
     a_grant_cut_short_is_delivered_at_the_next_step,
+    a_step_that_delivers_claims_its_grants_from_every_other_step,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
@@ -439,6 +440,92 @@ async fn a_grant_cut_short_is_delivered_at_the_next_step(backend: Backend) {
         .expect("step");
     assert_eq!(again.deliver, first.deliver);
     assert!(again.wake_ms.is_some(), "a wake while it is undelivered");
+}
+
+/// A step made for a caller that delivers at once claims each grant as it
+/// records it: another dispatcher's step, meanwhile, hands out none of them
+/// and looks again when the claims lapse; nor does a later round of the same
+/// step read them again. Tickets that ended leave the list in one write.
+async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: Backend) {
+    let api = undispatched(backend).await;
+    let pool = pool_id();
+    api.register(&pool, 3).await;
+    let tickets: Vec<String> = (0..3).map(|_| lease()).collect();
+    for mine in &tickets {
+        let (status, _) = enqueue(&api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
+        assert_eq!(status, 202);
+    }
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let claim_for = Duration::from_secs(10);
+    let first = api
+        .service
+        .dispatch_step_to_deliver(&key, &[], claim_for, &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert_eq!(first.deliver.len(), 3, "{first:?}");
+    for delivery in &first.deliver {
+        let claim = delivery.claim.expect("claimed by its step");
+        assert_eq!(delivery.item.claim, Some(claim), "the claim is stored");
+        assert_eq!(delivery.item.attempts, 1, "and counts the first attempt");
+    }
+    let mut second = Budget::new(None);
+    let other = api
+        .service
+        .dispatch_step_to_deliver(&key, &[], claim_for, &mut second)
+        .await
+        .expect("step");
+    assert!(other.deliver.is_empty(), "claimed by the first: {other:?}");
+    let lapse = first
+        .deliver
+        .iter()
+        .filter_map(|d| d.claim)
+        .map(|c| c.until_ms)
+        .min();
+    assert_eq!(
+        other.claim_lapses_ms, lapse,
+        "it looks again when they lapse"
+    );
+    // One read of the pool and one of each ticket: no second round reads them.
+    assert_eq!(second.stats.store_calls, 1 + 3, "{:?}", second.stats);
+    // A step for a caller that hands its deliveries on takes no claim.
+    let pool = pool_id();
+    api.register(&pool, 3).await;
+    let tickets: Vec<String> = (0..3).map(|_| lease()).collect();
+    for mine in &tickets {
+        let (status, _) = enqueue(&api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
+        assert_eq!(status, 202);
+    }
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let handed_on = api
+        .service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert_eq!(handed_on.deliver.len(), 3);
+    for delivery in &handed_on.deliver {
+        assert_eq!((delivery.claim, delivery.item.claim), (None, None));
+    }
+    // Their leases returned undelivered, the next step ends them and
+    // unlists all three (in one write), and the pool settles.
+    for mine in &tickets {
+        let (status, _) = api
+            .call(
+                "POST",
+                &format!("/l/{pool}/return"),
+                &json!({"lease": mine}).to_string(),
+            )
+            .await;
+        assert_eq!(status, 200);
+    }
+    let last = api
+        .service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert!(!last.active, "all unlisted, the pool settled: {last:?}");
+    for mine in &tickets {
+        assert_eq!(ticket(&api, &pool, mine).await["state"], "failed");
+    }
 }
 
 async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {

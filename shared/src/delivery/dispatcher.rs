@@ -68,18 +68,48 @@ impl Dispatcher {
     /// One step on the pool: the grants to deliver (none already under way
     /// here; each is marked under way until [`Dispatcher::deliver`] ends),
     /// and the pool's next wake: when to step it again (Unix ms), while it
-    /// has async tickets.
+    /// has async tickets. For a caller that hands its deliveries on rather
+    /// than make them (so it takes no claim on them).
     pub async fn step(&self, key: PoolKey) -> Result<Step, Error> {
+        self.step_with(key, None).await
+    }
+
+    /// [`Dispatcher::step`] for a caller that delivers what it gets at once:
+    /// the step claims each delivery's first attempt as it records the grant
+    /// (so that no other dispatcher hands it out meanwhile).
+    pub async fn step_to_deliver(&self, key: PoolKey) -> Result<Step, Error> {
+        self.step_with(key, Some(self.claim_span(Duration::ZERO)))
+            .await
+    }
+
+    /// How long a claim taken now covers an attempt that starts after up
+    /// to two store calls and pauses `nap` after it: no other dispatcher
+    /// starts one meanwhile; and a little more for clocks that differ
+    /// between servers.
+    fn claim_span(&self, nap: Duration) -> Duration {
+        2 * self.service.timing().call_timeout + self.caller.timeout() + nap + CLAIM_MARGIN
+    }
+
+    async fn step_with(&self, key: PoolKey, claim_for: Option<Duration>) -> Result<Step, Error> {
         let delivering: Vec<LeaseDigest> = self
             .in_flight()
             .iter()
             .filter(|(k, _)| *k == key)
             .map(|(_, digest)| *digest)
             .collect();
-        let step = self
-            .service
-            .dispatch_step(&key, &delivering, &mut Budget::new(None))
-            .await?;
+        let mut budget = Budget::new(None);
+        let step = match claim_for {
+            Some(claim_for) => {
+                self.service
+                    .dispatch_step_to_deliver(&key, &delivering, claim_for, &mut budget)
+                    .await?
+            }
+            None => {
+                self.service
+                    .dispatch_step(&key, &delivering, &mut budget)
+                    .await?
+            }
+        };
         if step.active {
             AsyncLog::Queue {
                 pool: prefix(&key),
@@ -118,12 +148,19 @@ impl Dispatcher {
     /// Delivers one grant until the receiver takes it, refuses it, or the
     /// lease or the bound ends; records the outcome.
     pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) {
-        let ToDeliver { item, grant } = delivery;
-        self.deliver_once(key, &item, grant).await;
+        let ToDeliver { item, grant, claim } = delivery;
+        self.deliver_once(key, &item, grant, claim).await;
         self.in_flight().remove(&(key, item.digest()));
     }
 
-    async fn deliver_once(&self, key: PoolKey, item: &TicketItem, grant: TicketGrant) {
+    /// `taken`: the claim its step took for the first attempt, if any.
+    async fn deliver_once(
+        &self,
+        key: PoolKey,
+        item: &TicketItem,
+        grant: TicketGrant,
+        mut taken: Option<DeliveryClaim>,
+    ) {
         let Some(callback) = item.callback.clone() else {
             return;
         };
@@ -133,7 +170,7 @@ impl Dispatcher {
                 .saturating_add(self.bound.as_millis() as u64),
         );
         // This delivery's claim on the ticket: renewed before each attempt.
-        let by = fastrand::u64(..);
+        let by = taken.map_or_else(|| fastrand::u64(..), |claim| claim.by);
         let mut last = String::from("no attempt");
         let mut attempt = 0u32;
         let mut made = 0u32;
@@ -146,17 +183,24 @@ impl Dispatcher {
                 ));
             }
             let nap = self.retry.pause(attempt);
-            // The claim covers its own write and the pool's read (each at
-            // most a store call's timeout), the attempt and the pause after
-            // it, so that no other dispatcher starts one meanwhile; and a
-            // little more for clocks that differ between servers.
-            let store_calls = 2 * self.service.timing().call_timeout;
-            let claim = DeliveryClaim {
-                by,
-                until_ms: now
-                    + (store_calls + self.caller.timeout() + nap + CLAIM_MARGIN).as_millis() as u64,
+            // The step's claim serves the first attempt while it covers it
+            // (the pool's read, the attempt, the pause after it).
+            let first = taken.take().filter(|claim| {
+                let rest = self.claim_span(nap) - self.service.timing().call_timeout;
+                now + rest.as_millis() as u64 <= claim.until_ms
+            });
+            let (claim, begin) = match first {
+                Some(claim) => (claim, self.service.begin_claimed(&key, item, grant).await),
+                None => {
+                    let claim = DeliveryClaim {
+                        by,
+                        until_ms: now + self.claim_span(nap).as_millis() as u64,
+                    };
+                    let begin = self.service.begin_attempt(&key, item, grant, claim).await;
+                    (claim, begin)
+                }
             };
-            match self.service.begin_attempt(&key, item, grant, claim).await {
+            match begin {
                 Ok(Begin::Go) => {}
                 // Another dispatcher's, or it ended meanwhile: nothing to record.
                 Ok(Begin::NotOurs) => return,

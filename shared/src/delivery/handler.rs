@@ -204,15 +204,17 @@ impl Handler {
         }
         let mut armed_any = false;
         for _ in 0..ROUNDS {
-            let stepped = self
-                .dispatcher
-                .step(key)
-                .await
-                .map_err(|e| format!("{e:?}"))?;
-            if source == Source::Queue
-                && !stepped.deliver.is_empty()
-                && deadline.is_none_or(|d| Instant::now() + ROUND <= d)
-            {
+            // Only a wake with the time to deliver and record delivers (and
+            // so claims what its step hands out).
+            let delivers =
+                source == Source::Queue && deadline.is_none_or(|d| Instant::now() + ROUND <= d);
+            let stepped = if delivers {
+                self.dispatcher.step_to_deliver(key).await
+            } else {
+                self.dispatcher.step(key).await
+            }
+            .map_err(|e| format!("{e:?}"))?;
+            if delivers && !stepped.deliver.is_empty() {
                 // Deliveries start at once, the wake's arming beside them
                 // (two store calls the first attempt need not wait for). A
                 // failed arming fails the records once the deliveries end:

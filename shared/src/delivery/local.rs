@@ -58,7 +58,7 @@ impl Local {
                 due.sort_unstable_by_key(|k| k.0);
                 due.dedup();
                 for key in due {
-                    match dispatcher.step(key).await {
+                    match dispatcher.step_to_deliver(key).await {
                         Ok(stepped) => {
                             for delivery in stepped.deliver {
                                 let (dispatcher, tell) = (dispatcher.clone(), tell.clone());

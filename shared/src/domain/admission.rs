@@ -166,11 +166,23 @@ impl Pool {
     /// Unlists an async ticket (its grant recorded, or it left the queue),
     /// conditioned on its listing.
     pub fn plan_unlist(&self, digest: LeaseDigest) -> Option<Update> {
-        let number = self.listed_number(digest)?;
-        Some(Update {
-            expect: vec![Expect::ListedIs(digest, number)],
-            changes: vec![Change::RemoveListed(digest)],
-        })
+        self.plan_unlist_all(&[digest])
+    }
+
+    /// Unlists those of the async tickets of `digests` that are listed, in
+    /// one write (each conditioned on its number alone, so that only
+    /// another unlisting of one of them makes it lose); `None` when none is.
+    pub fn plan_unlist_all(&self, digests: &[LeaseDigest]) -> Option<Update> {
+        let mut update = Update::default();
+        for &digest in digests {
+            if let Some(number) = self.listed_number(digest) {
+                if !update.changes.contains(&Change::RemoveListed(digest)) {
+                    update.expect.push(Expect::ListedIs(digest, number));
+                    update.changes.push(Change::RemoveListed(digest));
+                }
+            }
+        }
+        (!update.changes.is_empty()).then_some(update)
     }
 
     /// Clears the async-work flag of a pool left with no backlog and no async
@@ -234,6 +246,26 @@ mod tests {
         let unlist = pool.plan_unlist(d(2)).expect("listed");
         pool = pool.apply(&unlist).expect("holds");
         assert_eq!(pool.listed_number(d(2)), None);
+    }
+
+    #[test]
+    fn ended_tickets_leave_the_list_in_one_write_conditioned_on_their_numbers() {
+        let mut pool = Pool::new(0, 0);
+        pool.line.listed = vec![(d(1), 4), (d(2), 5), (d(3), 6)];
+        assert_eq!(pool.plan_unlist_all(&[d(9)]), None, "none listed");
+        let update = pool
+            .plan_unlist_all(&[d(1), d(3), d(9), d(3)])
+            .expect("listed");
+        assert_eq!(
+            update.expect,
+            vec![Expect::ListedIs(d(1), 4), Expect::ListedIs(d(3), 6)]
+        );
+        let after = pool.apply(&update).expect("holds");
+        assert_eq!(after.line().listed, vec![(d(2), 5)]);
+        // Another dispatcher unlisted one of them first: the write loses.
+        let mut moved = pool.clone();
+        moved.line.listed.retain(|(digest, _)| *digest != d(3));
+        assert!(moved.apply(&update).is_err());
     }
 
     #[test]

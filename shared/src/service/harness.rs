@@ -4,6 +4,8 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+use futures_util::future::join_all;
+
 use crate::domain::Update;
 use crate::error::Error;
 use crate::keys::PoolKey;
@@ -123,6 +125,38 @@ impl Harness<'_> {
             self.stats.store_errors += 1;
         }
         result
+    }
+
+    /// Runs independent store calls side by side (calls on items of their
+    /// own, such as tickets), each counted and bounded as [`Harness::call`]:
+    /// their results in order.
+    pub(super) async fn side_by_side<T, F>(
+        &mut self,
+        calls: impl IntoIterator<Item = F>,
+    ) -> Vec<Result<T, StoreError>>
+    where
+        F: Future<Output = Result<T, StoreError>>,
+    {
+        let until = self
+            .answer_by
+            .min(Instant::now() + self.timing.call_timeout);
+        let results = join_all(calls.into_iter().map(|call| async move {
+            match tokio::time::timeout_at(until.into(), call).await {
+                Ok(result) => result,
+                Err(_) => Err(StoreError::new(
+                    StoreErrorKind::TimedOut,
+                    "no answer from the database in the time left",
+                )),
+            }
+        }))
+        .await;
+        for result in &results {
+            self.stats.store_calls += 1;
+            if result.is_err() {
+                self.stats.store_errors += 1;
+            }
+        }
+        results
     }
 
     /// Writes `update`, planned from `read`, conditioned on `read`'s incarnation.

@@ -9,7 +9,7 @@ use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::service::harness::{write, Harness};
 use crate::service::{Budget, Service};
-use crate::store::TicketUpdated;
+use crate::store::{Record, TicketUpdated};
 
 impl Service {
     /// Records how a delivery ended: `delivered`, or `failed` with its
@@ -94,6 +94,35 @@ impl Service {
         if !matches!(claimed, TicketUpdated::Written(_)) {
             return Ok(Begin::NotOurs);
         }
+        self.begin_from(&mut ctx, key, item, grant, record).await
+    }
+
+    /// [`Service::begin_attempt`] for an attempt whose claim is taken (by
+    /// the step that recorded the grant, for the first attempt): the pool's
+    /// read alone.
+    pub async fn begin_claimed(
+        &self,
+        key: &PoolKey,
+        item: &TicketItem,
+        grant: TicketGrant,
+    ) -> Result<Begin, Error> {
+        let mut call = Budget::default();
+        let mut ctx = self.ctx(&mut call, Duration::ZERO);
+        let record = ctx.call(self.store.load(key)).await?;
+        self.begin_from(&mut ctx, key, item, grant, record).await
+    }
+
+    /// Whether the claimed attempt starts, from the pool as read (`None`:
+    /// gone): not once the grant's lease was returned or expired, or its
+    /// pool deleted (the ticket then fails, saying why).
+    async fn begin_from(
+        &self,
+        ctx: &mut Harness<'_>,
+        key: &PoolKey,
+        item: &TicketItem,
+        grant: TicketGrant,
+        record: Option<Record>,
+    ) -> Result<Begin, Error> {
         let gone = match record.filter(|r| r.incarnation == item.incarnation) {
             Some(record) => record
                 .pool
@@ -104,9 +133,7 @@ impl Service {
         let Some(reason) = gone else {
             return Ok(Begin::Go);
         };
-        let ended = self
-            .fail_granted(&mut ctx, key, item, grant, reason)
-            .await?;
+        let ended = self.fail_granted(ctx, key, item, grant, reason).await?;
         Ok(match ended.state {
             TicketState::Failed { reason } => Begin::Ended(reason),
             _ => Begin::NotOurs,

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use crate::clock::now_ms;
 use crate::domain::{
-    LeaseDigest, Pool, ReturnPlan, TicketGrant, TicketItem, TicketState, TicketStep, GAP_MS,
+    DeliveryClaim, LeaseDigest, Pool, ReturnPlan, TicketGrant, TicketItem, TicketState, TicketStep,
+    GAP_MS,
 };
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::service::harness::{write, Harness};
 use crate::service::{Budget, Service};
-use crate::store::{Record, TicketStore, Updated};
+use crate::store::{Record, TicketStore, TicketUpdated, Updated};
 
 use super::admit;
 
@@ -22,6 +23,9 @@ use super::admit;
 pub struct ToDeliver {
     pub item: TicketItem,
     pub grant: TicketGrant,
+    /// The delivery claim the step took for its first attempt, if the step
+    /// was made for a caller that delivers at once.
+    pub claim: Option<DeliveryClaim>,
 }
 
 /// What one dispatcher step did and what it leaves to do.
@@ -42,12 +46,14 @@ pub struct Step {
 }
 
 /// One round of a step over the listed tickets: the pool's key, the round's
-/// time, the step's findings, and its lost writes in a row.
+/// time, the step's findings, its lost writes in a row, and the tickets it
+/// leaves be (their deliveries under way: the caller's, or claimed).
 struct Round<'r> {
     key: &'r PoolKey,
     now: u64,
     step: &'r mut Step,
     lost: &'r mut u32,
+    leave: &'r mut Vec<LeaseDigest>,
 }
 
 impl Service {
@@ -64,6 +70,35 @@ impl Service {
         delivering: &[LeaseDigest],
         call: &mut Budget,
     ) -> Result<Step, Error> {
+        self.step_pool(key, delivering, None, call).await
+    }
+
+    /// [`Service::dispatch_step`] for a caller that delivers what it hands
+    /// out at once: each grant's delivery claim (for `claim_for`, and
+    /// counting its first attempt) is taken as soon as the grant is
+    /// recorded, side by side, so that no other dispatcher's step hands out
+    /// the same delivery meanwhile; a grant whose claim another holds is
+    /// not handed out.
+    pub async fn dispatch_step_to_deliver(
+        &self,
+        key: &PoolKey,
+        delivering: &[LeaseDigest],
+        claim_for: Duration,
+        call: &mut Budget,
+    ) -> Result<Step, Error> {
+        self.step_pool(key, delivering, Some(claim_for), call).await
+    }
+
+    async fn step_pool(
+        &self,
+        key: &PoolKey,
+        delivering: &[LeaseDigest],
+        claim_for: Option<Duration>,
+        call: &mut Budget,
+    ) -> Result<Step, Error> {
+        // A claim lasts seconds: a ticket found claimed is left be for the
+        // rest of the step, as are those the caller delivers.
+        let mut leave = delivering.to_vec();
         let tickets = self.ticket_store()?;
         let mut ctx = self.ctx(call, Duration::ZERO);
         let Some(mut record) = ctx.load(key).await? else {
@@ -90,16 +125,22 @@ impl Service {
                 }
             }
             // Listed async tickets: granted, or out of the queue ungranted.
+            let handed = step.deliver.len();
             let round = Round {
                 key,
                 now,
                 step: &mut step,
                 lost: &mut lost,
+                leave: &mut leave,
             };
             let changed;
-            (record, changed) = self
-                .visit_listed(&mut ctx, tickets, delivering, record, round)
+            (record, changed) = self.visit_listed(&mut ctx, tickets, record, round).await?;
+            if let Some(claim_for) = claim_for {
+                claim(
+                    &mut ctx, tickets, key, claim_for, handed, &mut step, &mut leave,
+                )
                 .await?;
+            }
             if changed {
                 continue;
             }
@@ -118,11 +159,13 @@ impl Service {
 
     /// Visits the listed async tickets (but those in `delivering`): the
     /// record after the round's writes, and whether any ticket was unlisted.
+    /// The tickets are items of their own: they are read side by side, and
+    /// the grants handed to them recorded side by side; the tickets that
+    /// ended leave the list in one write of the pool.
     async fn visit_listed(
         &self,
         ctx: &mut Harness<'_>,
         tickets: &dyn TicketStore,
-        delivering: &[LeaseDigest],
         mut record: Record,
         round: Round<'_>,
     ) -> Result<(Record, bool), Error> {
@@ -131,53 +174,100 @@ impl Service {
             now,
             step,
             lost,
+            leave,
         } = round;
-        let mut changed = false;
-        for (digest, _) in record.pool.line().listed.clone() {
-            if delivering.contains(&digest) {
-                continue;
-            }
-            // A ticket waiting in the queue, its wait not over and no
-            // slot handed to it, needs no read: nothing to do for it.
-            if !record.pool.listed_needs_read(digest, now) {
-                continue;
-            }
-            let Some(item) = ctx.call(tickets.ticket(key, digest)).await? else {
-                // No item (a bug, or deleted): unlist it.
-                if let Some(update) = record.pool.plan_unlist(digest) {
-                    record = write(ctx, key, &record, &update, lost).await?;
-                    changed = true;
-                }
+        // A ticket waiting in the queue, its wait not over and no slot
+        // handed to it, needs no read: nothing to do for it.
+        let due: Vec<LeaseDigest> = record
+            .pool
+            .line()
+            .listed
+            .iter()
+            .map(|(digest, _)| *digest)
+            .filter(|digest| !leave.contains(digest) && record.pool.listed_needs_read(*digest, now))
+            .collect();
+        let items = ctx
+            .side_by_side(due.iter().map(|digest| tickets.ticket(key, *digest)))
+            .await;
+        let mut unlist = Vec::new();
+        let mut grants = Vec::new();
+        for (digest, item) in due.into_iter().zip(items) {
+            // No item (a bug, or deleted): unlist it.
+            let Some(item) = item? else {
+                unlist.push(digest);
                 continue;
             };
-            let ended;
-            (record, ended) = self
-                .visit(
-                    ctx,
-                    Round {
+            match record.pool.ticket_step(&item, now) {
+                TicketStep::Record { grant, live } => grants.push((item, grant, live)),
+                ticket_step => {
+                    let round = Round {
                         key,
                         now,
                         step: &mut *step,
                         lost: &mut *lost,
-                    },
-                    record,
-                    digest,
-                    item,
-                )
-                .await?;
-            if ended {
-                if let Some(update) = record.pool.plan_unlist(digest) {
-                    record = write(ctx, key, &record, &update, lost).await?;
-                    changed = true;
+                        leave: &mut *leave,
+                    };
+                    let ended;
+                    (record, ended) = self
+                        .visit(ctx, round, record, digest, item, ticket_step)
+                        .await?;
+                    if ended {
+                        unlist.push(digest);
+                    }
                 }
             }
+        }
+        let recorded = ctx
+            .side_by_side(grants.iter().map(|(item, grant, _)| {
+                let granted = TicketState::Granted(*grant);
+                async move {
+                    if !item.state.may_become(&granted) {
+                        return Ok(TicketUpdated::Lost(item.clone()));
+                    }
+                    tickets
+                        .set_ticket_state(key, item.digest(), &item.state, &granted)
+                        .await
+                }
+            }))
+            .await;
+        for ((item, grant, live), outcome) in grants.into_iter().zip(recorded) {
+            let digest = item.digest();
+            let item = match outcome? {
+                TicketUpdated::Written(item) => {
+                    step.deliver.push(ToDeliver {
+                        item,
+                        grant,
+                        claim: None,
+                    });
+                    continue;
+                }
+                TicketUpdated::Lost(item) => item,
+                TicketUpdated::Gone => item,
+            };
+            // Cancelled or expired before its grant was recorded: nobody
+            // will use the slot. (Recorded `granted` by another dispatcher
+            // instead: its delivery, its slot.)
+            if live && item.state.is_final() {
+                if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now) {
+                    record = write(ctx, key, &record, &update, lost).await?;
+                }
+            }
+            if item.state.is_final() {
+                unlist.push(digest);
+            }
+        }
+        let mut changed = false;
+        if let Some(update) = record.pool.plan_unlist_all(&unlist) {
+            record = write(ctx, key, &record, &update, lost).await?;
+            changed = true;
         }
         Ok((record, changed))
     }
 
-    /// Makes the writes [`Pool::ticket_step`] names for the listed ticket
-    /// of `digest`, whose item is `item`: the record after them, and whether
-    /// the ticket ended (then it is unlisted).
+    /// Makes the writes `ticket_step` (what [`Pool::ticket_step`] says of
+    /// the listed ticket of `digest`, whose item is `item`) names, but a
+    /// grant to record: the record after them, and whether the ticket ended
+    /// (then it is unlisted).
     async fn visit(
         &self,
         ctx: &mut Harness<'_>,
@@ -185,14 +275,16 @@ impl Service {
         mut record: Record,
         digest: LeaseDigest,
         item: TicketItem,
+        ticket_step: TicketStep,
     ) -> Result<(Record, bool), Error> {
         let Round {
             key,
             now,
             step,
             lost,
+            leave,
         } = round;
-        let ended = match record.pool.ticket_step(&item, now) {
+        let ended = match ticket_step {
             // Ended ungranted (cancelled or expired) while a slot
             // was being handed to it, or failed with its lease not
             // yet returned (that write failed): nobody holds it.
@@ -208,11 +300,16 @@ impl Service {
             // short by a crash): listed until it ends, so that a
             // later step delivers it again.
             TicketStep::Redeliver(grant) => {
-                step.deliver.push(ToDeliver { grant, item });
+                step.deliver.push(ToDeliver {
+                    grant,
+                    item,
+                    claim: None,
+                });
                 false
             }
             // Another dispatcher's attempt is under way: its own.
             TicketStep::Claimed { until_ms } => {
+                leave.push(digest);
                 step.claim_lapses_ms =
                     Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
                 false
@@ -232,32 +329,18 @@ impl Service {
                         true
                     }
                     TicketStep::Redeliver(grant) => {
-                        step.deliver.push(ToDeliver { grant, item });
+                        step.deliver.push(ToDeliver {
+                            grant,
+                            item,
+                            claim: None,
+                        });
                         false
                     }
                     _ => false,
                 }
             }
-            TicketStep::Record { grant, live } => {
-                let (item, moved) = self
-                    .move_ticket(ctx, key, item, TicketState::Granted(grant))
-                    .await?;
-                if moved {
-                    step.deliver.push(ToDeliver { item, grant });
-                    false
-                } else {
-                    // Cancelled or expired before its grant was recorded:
-                    // nobody will use the slot. (Recorded `granted` by
-                    // another dispatcher instead: its delivery, its slot.)
-                    if live && item.state.is_final() {
-                        if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now)
-                        {
-                            record = write(ctx, key, &record, &update, lost).await?;
-                        }
-                    }
-                    item.state.is_final()
-                }
-            }
+            // Recorded side by side by the caller.
+            TicketStep::Record { .. } => false,
             // Waits in the queue: ends when its wait does.
             TicketStep::Wait => false,
             TicketStep::Expire { index } => {
@@ -278,6 +361,53 @@ impl Service {
         };
         Ok((record, ended))
     }
+}
+
+/// Claims the deliveries a round handed out (`step.deliver[handed..]`) for
+/// `claim_for`, side by side; those whose claim another holds (or whose
+/// ticket moved on) are left out, and looked at again when that claim lapses.
+/// Either way they are under way: the step's later rounds `leave` them be.
+async fn claim(
+    ctx: &mut Harness<'_>,
+    tickets: &dyn TicketStore,
+    key: &PoolKey,
+    claim_for: Duration,
+    handed: usize,
+    step: &mut Step,
+    leave: &mut Vec<LeaseDigest>,
+) -> Result<(), Error> {
+    let fresh = step.deliver.split_off(handed);
+    leave.extend(fresh.iter().map(|d| d.item.digest()));
+    let now = now_ms();
+    let claims: Vec<DeliveryClaim> = fresh
+        .iter()
+        .map(|_| DeliveryClaim {
+            by: fastrand::u64(..),
+            until_ms: now + claim_for.as_millis() as u64,
+        })
+        .collect();
+    let outcomes = ctx
+        .side_by_side(fresh.iter().zip(&claims).map(|(d, claim)| {
+            tickets.claim_attempt(key, d.item.digest(), d.grant.fence, *claim, now)
+        }))
+        .await;
+    for ((delivery, claim), outcome) in fresh.into_iter().zip(claims).zip(outcomes) {
+        match outcome? {
+            TicketUpdated::Written(item) => step.deliver.push(ToDeliver {
+                item,
+                claim: Some(claim),
+                ..delivery
+            }),
+            TicketUpdated::Lost(item) => {
+                if let Some(other) = item.claim.filter(|c| c.until_ms > now) {
+                    let at = other.until_ms;
+                    step.claim_lapses_ms = Some(step.claim_lapses_ms.map_or(at, |w| w.min(at)));
+                }
+            }
+            TicketUpdated::Gone => {}
+        }
+    }
+    Ok(())
 }
 
 impl Step {
