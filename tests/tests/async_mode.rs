@@ -8,10 +8,12 @@ use std::time::{Duration, Instant};
 
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{Caller, Dispatcher, Local};
-use semaphore::domain::{Change, LeaseDigest, TicketState, Update};
+use semaphore::domain::{Change, DeliveryClaim, LeaseDigest, TicketItem, TicketState, Update};
 use semaphore::keys::{LeaseId, PoolId, PoolKey};
 use semaphore::service::Budget;
-use semaphore::store::{PoolStore, StoreError, TicketStore, Updated};
+use semaphore::store::{
+    PoolStore, PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated, Updated,
+};
 use semaphore::Limits;
 use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
@@ -30,6 +32,8 @@ on_both_stores!(
     deleting_the_pool_ends_its_tickets,
     a_grant_cut_short_is_delivered_at_the_next_step,
     a_step_that_delivers_claims_its_grants_from_every_other_step,
+    a_step_with_one_unreadable_ticket_hands_out_the_others,
+    a_delivery_uses_the_claim_its_step_took,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
@@ -526,6 +530,177 @@ async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: B
     for mine in &tickets {
         assert_eq!(ticket(&api, &pool, mine).await["state"], "failed");
     }
+}
+
+/// A ticket store whose reads of one ticket fail (the others answer).
+struct OneUnreadable {
+    inner: Arc<dyn TicketStore>,
+    digest: LeaseDigest,
+}
+
+#[async_trait::async_trait]
+impl TicketStore for OneUnreadable {
+    async fn put_ticket(
+        &self,
+        key: &PoolKey,
+        ticket: &TicketItem,
+    ) -> Result<PutTicket, StoreError> {
+        self.inner.put_ticket(key, ticket).await
+    }
+
+    async fn ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+    ) -> Result<Option<TicketItem>, StoreError> {
+        if digest == self.digest {
+            return Err(StoreError::new(StoreErrorKind::TimedOut, "injected"));
+        }
+        self.inner.ticket(key, digest).await
+    }
+
+    async fn backlog(
+        &self,
+        key: &PoolKey,
+        from: u64,
+        limit: usize,
+    ) -> Result<Vec<TicketItem>, StoreError> {
+        self.inner.backlog(key, from, limit).await
+    }
+
+    async fn move_ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        to: &TicketState,
+    ) -> Result<TicketUpdated, StoreError> {
+        self.inner.move_ticket(key, digest, from, to).await
+    }
+
+    async fn claim_attempt(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        fence: u64,
+        claim: DeliveryClaim,
+        now_ms: u64,
+    ) -> Result<TicketUpdated, StoreError> {
+        self.inner
+            .claim_attempt(key, digest, fence, claim, now_ms)
+            .await
+    }
+
+    async fn delete_ticket(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        number: u64,
+        incarnation: u64,
+    ) -> Result<bool, StoreError> {
+        self.inner
+            .delete_ticket(key, digest, number, incarnation)
+            .await
+    }
+
+    async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError> {
+        self.inner.delete_tickets(key).await
+    }
+}
+
+/// A step whose read of one ticket fails still records, claims and hands
+/// out the others' grants, and has the pool stepped again within a second;
+/// a step that claims nothing reports the failure (its caller retries).
+async fn a_step_with_one_unreadable_ticket_hands_out_the_others(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let service = |tickets: Arc<dyn TicketStore>| {
+        semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets)
+            .with_callback_policy(CallbackPolicy { allow_local: true })
+    };
+    let api = ApiClient {
+        service: service(tickets.clone()),
+    };
+    let pool = pool_id();
+    api.register(&pool, 2).await;
+    let (readable, unreadable) = (lease(), lease());
+    for mine in [&readable, &unreadable] {
+        let (status, _) = enqueue(&api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
+        assert_eq!(status, 202);
+    }
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let flaky = service(Arc::new(OneUnreadable {
+        inner: tickets.clone(),
+        digest: LeaseId(unreadable.parse().expect("uuid")).digest(),
+    }));
+    let before = semaphore::clock::now_ms();
+    let step = flaky
+        .dispatch_step_to_deliver(&key, &[], Duration::from_secs(10), &mut Budget::new(None))
+        .await
+        .expect("the claimed delivery goes ahead");
+    assert_eq!(step.deliver.len(), 1, "{step:?}");
+    assert_eq!(
+        step.deliver[0].item.digest(),
+        LeaseId(readable.parse().expect("uuid")).digest()
+    );
+    assert!(step.deliver[0].claim.is_some());
+    let wake = step.wake_ms.expect("a wake");
+    assert!(
+        wake <= semaphore::clock::now_ms() + 1_000 && wake >= before,
+        "{wake}"
+    );
+    // Without a claim won, the failure is the step's.
+    assert!(flaky
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .is_err());
+    // The store answering again, the other is handed out.
+    let again = api
+        .service
+        .dispatch_step_to_deliver(&key, &[], Duration::from_secs(10), &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert_eq!(again.deliver.len(), 1, "{again:?}");
+    assert_eq!(
+        again.deliver[0].item.digest(),
+        LeaseId(unreadable.parse().expect("uuid")).digest()
+    );
+}
+
+/// The first attempt of a delivery uses the claim its step took: one
+/// attempt counted, one POST, the ticket `delivered`.
+async fn a_delivery_uses_the_claim_its_step_took(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let service = || {
+        semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets.clone())
+            .with_callback_policy(CallbackPolicy { allow_local: true })
+    };
+    let api = ApiClient { service: service() };
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, &url, 600.0).await;
+    assert_eq!(status, 202);
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let caller = Caller::new(CallbackPolicy { allow_local: true }, Duration::from_secs(2));
+    let dispatcher = Dispatcher::new(Arc::new(service()), caller.expect("caller"));
+    let step = dispatcher.step_to_deliver(key).await.expect("step");
+    assert_eq!(step.deliver.len(), 1);
+    let claim = step.deliver[0].claim.expect("claimed");
+    for delivery in step.deliver {
+        dispatcher.deliver(key, delivery).await;
+    }
+    assert_eq!(got.lock().expect("lock").len(), 1);
+    let item = tickets
+        .ticket(&key, LeaseId(mine.parse().expect("uuid")).digest())
+        .await
+        .expect("read")
+        .expect("item");
+    assert_eq!(item.state.name(), "delivered");
+    assert_eq!(item.attempts, 1, "the step's claim served the attempt");
+    assert_eq!(item.claim, Some(claim), "no other claim written");
 }
 
 async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {

@@ -38,6 +38,10 @@ use crate::store::WakeStore;
 /// Time a round keeps for its deliveries (the bound) and their records.
 const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
 
+/// Time kept for a step before a round's deliveries (the claims it takes
+/// must not be left unmade for want of time).
+const STEP: Duration = Duration::from_secs(10);
+
 /// Rounds per pool and invocation (each delivers what the last step granted).
 const ROUNDS: usize = 16;
 
@@ -204,10 +208,10 @@ impl Handler {
         }
         let mut armed_any = false;
         for _ in 0..ROUNDS {
-            // Only a wake with the time to deliver and record delivers (and
-            // so claims what its step hands out).
-            let delivers =
-                source == Source::Queue && deadline.is_none_or(|d| Instant::now() + ROUND <= d);
+            // Only a wake with the time to step, deliver and record delivers
+            // (and so claims what its step hands out).
+            let delivers = source == Source::Queue
+                && deadline.is_none_or(|d| Instant::now() + STEP + ROUND <= d);
             let stepped = if delivers {
                 self.dispatcher.step_to_deliver(key).await
             } else {

@@ -56,6 +56,10 @@ struct Round<'r> {
     leave: &'r mut Vec<LeaseDigest>,
 }
 
+/// How soon a step that could not finish (a store call failed after it
+/// claimed deliveries) has the pool stepped again.
+const AGAIN_SOON_MS: u64 = 1_000;
+
 impl Service {
     /// The dispatcher's work on one pool after a change (or at a wake):
     /// admits backlog tickets, hands free slots owed to async tickets at the
@@ -106,66 +110,95 @@ impl Service {
         };
         let mut lost = 0u32;
         let mut step = Step::default();
+        let mut cut_short = false;
         // Each round writes at most once; a pool settles in a few.
         for _ in 0..64 {
-            let now = now_ms();
-            if let Some(admitted) = admit(&mut ctx, key, &record, self.limits.max_waiters).await? {
-                record = admitted;
-                continue;
-            }
-            let async_queued = record
-                .pool
-                .queue()
-                .iter()
-                .any(|t| record.pool.listed_number(t.holder.digest).is_some());
-            if async_queued {
-                if let Some(update) = record.pool.plan_serve(now) {
-                    record = write(&mut ctx, key, &record, &update, &mut lost).await?;
-                    continue;
-                }
-            }
-            // Listed async tickets: granted, or out of the queue ungranted.
-            let handed = step.deliver.len();
             let round = Round {
                 key,
-                now,
+                now: now_ms(),
                 step: &mut step,
                 lost: &mut lost,
                 leave: &mut leave,
             };
-            let changed;
-            (record, changed) = self.visit_listed(&mut ctx, tickets, record, round).await?;
-            if let Some(claim_for) = claim_for {
-                claim(
-                    &mut ctx, tickets, key, claim_for, handed, &mut step, &mut leave,
-                )
-                .await?;
+            match self
+                .round(&mut ctx, tickets, claim_for, record.clone(), round)
+                .await
+            {
+                Ok((next, true)) => record = next,
+                Ok((next, false)) => {
+                    record = next;
+                    break;
+                }
+                // Deliveries it claimed are made whatever failed after: a
+                // step soon does the rest (unclaimed, a later step hands
+                // them out again, as it does after a crash).
+                Err(err) if step.deliver.iter().any(|d| d.claim.is_some()) => {
+                    tracing::warn!(error = %err, "a step failed after claiming deliveries");
+                    cut_short = true;
+                    break;
+                }
+                Err(err) => return Err(err),
             }
-            if changed {
-                continue;
-            }
-            break;
         }
-        if let Some(update) = record.pool.plan_settle() {
+        if let Some(update) = record.pool.plan_settle().filter(|_| !cut_short) {
             // Its writes stop invoking the dispatcher (a lost settle: work
             // arrived meanwhile, and its write invoked a step).
             if let Ok(Updated::Written(settled)) = ctx.write(key, &record, &update).await {
                 record = settled;
             }
         }
-        step.finish(&record.pool, now_ms());
+        let now = now_ms();
+        step.finish(&record.pool, now);
+        if cut_short {
+            let soon = now + AGAIN_SOON_MS;
+            step.wake_ms = Some(step.wake_ms.map_or(soon, |w| w.min(soon)));
+        }
         Ok(step)
     }
 
-    /// Visits the listed async tickets (but those in `delivering`): the
-    /// record after the round's writes, and whether any ticket was unlisted.
-    /// The tickets are items of their own: they are read side by side, and
-    /// the grants handed to them recorded side by side; the tickets that
-    /// ended leave the list in one write of the pool.
+    /// One round of a step: an admission, or a hand-off owed to async
+    /// tickets, or a visit of the listed tickets: the record after it, and
+    /// whether to go on.
+    async fn round(
+        &self,
+        ctx: &mut Harness<'_>,
+        tickets: &dyn TicketStore,
+        claim_for: Option<Duration>,
+        record: Record,
+        round: Round<'_>,
+    ) -> Result<(Record, bool), Error> {
+        let (key, now) = (round.key, round.now);
+        if let Some(admitted) = admit(ctx, key, &record, self.limits.max_waiters).await? {
+            return Ok((admitted, true));
+        }
+        let async_queued = record
+            .pool
+            .queue()
+            .iter()
+            .any(|t| record.pool.listed_number(t.holder.digest).is_some());
+        if async_queued {
+            if let Some(update) = record.pool.plan_serve(now) {
+                let served = write(ctx, key, &record, &update, round.lost).await?;
+                return Ok((served, true));
+            }
+        }
+        // Listed async tickets: granted, or out of the queue ungranted.
+        self.visit_listed(ctx, tickets, claim_for, record, round)
+            .await
+    }
+
+    /// Visits the listed async tickets (but those it leaves be): the record
+    /// after the round's writes, and whether any ticket was unlisted. The
+    /// tickets are items of their own: they are read side by side, the
+    /// grants handed to them recorded side by side (and, with `claim_for`,
+    /// claimed at once, side by side); the tickets that ended leave the list
+    /// in one write of the pool. A ticket whose call failed is left for a
+    /// later step, the others done, and the first failure reported after.
     async fn visit_listed(
         &self,
         ctx: &mut Harness<'_>,
         tickets: &dyn TicketStore,
+        claim_for: Option<Duration>,
         mut record: Record,
         round: Round<'_>,
     ) -> Result<(Record, bool), Error> {
@@ -176,6 +209,8 @@ impl Service {
             lost,
             leave,
         } = round;
+        let handed = step.deliver.len();
+        let mut failed: Option<Error> = None;
         // A ticket waiting in the queue, its wait not over and no slot
         // handed to it, needs no read: nothing to do for it.
         let due: Vec<LeaseDigest> = record
@@ -192,10 +227,17 @@ impl Service {
         let mut unlist = Vec::new();
         let mut grants = Vec::new();
         for (digest, item) in due.into_iter().zip(items) {
-            // No item (a bug, or deleted): unlist it.
-            let Some(item) = item? else {
-                unlist.push(digest);
-                continue;
+            let item = match item {
+                Ok(Some(item)) => item,
+                // No item (a bug, or deleted): unlist it.
+                Ok(None) => {
+                    unlist.push(digest);
+                    continue;
+                }
+                Err(err) => {
+                    failed.get_or_insert(err.into());
+                    continue;
+                }
             };
             match record.pool.ticket_step(&item, now) {
                 TicketStep::Record { grant, live } => grants.push((item, grant, live)),
@@ -217,33 +259,44 @@ impl Service {
                 }
             }
         }
+        // A ticket that moved already (cancelled, expired, granted by
+        // another) is not written: `may_become` says so without a call.
+        let (grants, moved): (Vec<_>, Vec<_>) = grants
+            .into_iter()
+            .partition(|(item, grant, _)| item.state.may_become(&TicketState::Granted(*grant)));
         let recorded = ctx
-            .side_by_side(grants.iter().map(|(item, grant, _)| {
+            .side_by_side(grants.iter().map(|(item, grant, _)| async move {
                 let granted = TicketState::Granted(*grant);
-                async move {
-                    if !item.state.may_become(&granted) {
-                        return Ok(TicketUpdated::Lost(item.clone()));
-                    }
-                    tickets
-                        .set_ticket_state(key, item.digest(), &item.state, &granted)
-                        .await
-                }
+                tickets
+                    .set_ticket_state(key, item.digest(), &item.state, &granted)
+                    .await
             }))
             .await;
+        let mut not_recorded = Vec::new();
         for ((item, grant, live), outcome) in grants.into_iter().zip(recorded) {
-            let digest = item.digest();
-            let item = match outcome? {
-                TicketUpdated::Written(item) => {
-                    step.deliver.push(ToDeliver {
-                        item,
-                        grant,
-                        claim: None,
-                    });
-                    continue;
+            match outcome {
+                Ok(TicketUpdated::Written(item)) => step.deliver.push(ToDeliver {
+                    item,
+                    grant,
+                    claim: None,
+                }),
+                Ok(TicketUpdated::Lost(now_as)) => not_recorded.push((now_as, live)),
+                Ok(TicketUpdated::Gone) => not_recorded.push((item, live)),
+                Err(err) => {
+                    failed.get_or_insert(err.into());
                 }
-                TicketUpdated::Lost(item) => item,
-                TicketUpdated::Gone => item,
-            };
+            }
+        }
+        not_recorded.extend(moved.into_iter().map(|(item, _, live)| (item, live)));
+        // Claimed before any other write, so that other dispatchers' steps
+        // find them claimed as early as can be.
+        if let Some(claim_for) = claim_for {
+            if let Err(err) = claim(ctx, tickets, key, claim_for, handed, step, leave).await {
+                failed.get_or_insert(err);
+            }
+        }
+        for (item, live) in not_recorded {
+            let digest = item.digest();
             // Cancelled or expired before its grant was recorded: nobody
             // will use the slot. (Recorded `granted` by another dispatcher
             // instead: its delivery, its slot.)
@@ -261,7 +314,10 @@ impl Service {
             record = write(ctx, key, &record, &update, lost).await?;
             changed = true;
         }
-        Ok((record, changed))
+        match failed {
+            Some(err) => Err(err),
+            None => Ok((record, changed)),
+        }
     }
 
     /// Makes the writes `ticket_step` (what [`Pool::ticket_step`] says of
@@ -391,23 +447,29 @@ async fn claim(
             tickets.claim_attempt(key, d.item.digest(), d.grant.fence, *claim, now)
         }))
         .await;
+    let mut failed = None;
     for ((delivery, claim), outcome) in fresh.into_iter().zip(claims).zip(outcomes) {
-        match outcome? {
-            TicketUpdated::Written(item) => step.deliver.push(ToDeliver {
+        match outcome {
+            Ok(TicketUpdated::Written(item)) => step.deliver.push(ToDeliver {
                 item,
                 claim: Some(claim),
                 ..delivery
             }),
-            TicketUpdated::Lost(item) => {
+            Ok(TicketUpdated::Lost(item)) => {
                 if let Some(other) = item.claim.filter(|c| c.until_ms > now) {
                     let at = other.until_ms;
                     step.claim_lapses_ms = Some(step.claim_lapses_ms.map_or(at, |w| w.min(at)));
                 }
             }
-            TicketUpdated::Gone => {}
+            Ok(TicketUpdated::Gone) => {}
+            // Unknown whether it landed: if it did, its claim lapses and a
+            // later step hands the delivery out again.
+            Err(err) => {
+                failed.get_or_insert(err.into());
+            }
         }
     }
-    Ok(())
+    failed.map_or(Ok(()), Err)
 }
 
 impl Step {
