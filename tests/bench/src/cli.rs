@@ -78,6 +78,13 @@ pub struct Args {
           default_values = ["new", "naive"], value_parser = strategy())]
     pub strategies: Vec<Strategy>,
 
+    /// Pools with room to spare: COUNT:HELD:CLIENTS each, clients cycling on
+    /// a pool of COUNT with HELD slots held throughout (the `room` section,
+    /// strategy new, at the largest --latency-ms) [default:
+    /// 32:0:1,32:0:4,32:0:8,32:0:16,32:0:32,64:0:32,32:22:16; smoke: 8:2:4].
+    #[arg(long, value_name = "C:H:N,…", value_delimiter = ',', value_parser = room_shape)]
+    pub room: Option<Vec<RoomShape>>,
+
     /// Run only these sections [default: all].
     #[arg(long, value_name = "LIST", value_delimiter = ',', value_enum)]
     pub only: Vec<Section>,
@@ -111,11 +118,91 @@ impl Profile {
 pub enum Section {
     Operations,
     Contention,
+    /// Pools with room to spare (`--room`).
+    Room,
     Saturation,
     Waiters,
     Wake,
     Polling,
     Items,
+}
+
+/// A pool of `count` slots, `held` of them held throughout, and `clients`
+/// cycling on it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoomShape {
+    pub count: u16,
+    pub held: u16,
+    pub clients: usize,
+}
+
+/// The default rows of the `room` section.
+pub const ROOM_DEFAULT: [RoomShape; 7] = [
+    RoomShape {
+        count: 32,
+        held: 0,
+        clients: 1,
+    },
+    RoomShape {
+        count: 32,
+        held: 0,
+        clients: 4,
+    },
+    RoomShape {
+        count: 32,
+        held: 0,
+        clients: 8,
+    },
+    RoomShape {
+        count: 32,
+        held: 0,
+        clients: 16,
+    },
+    RoomShape {
+        count: 32,
+        held: 0,
+        clients: 32,
+    },
+    RoomShape {
+        count: 64,
+        held: 0,
+        clients: 32,
+    },
+    RoomShape {
+        count: 32,
+        held: 22,
+        clients: 16,
+    },
+];
+
+fn room_shape(text: &str) -> Result<RoomShape, String> {
+    let parts: Vec<&str> = text.split(':').collect();
+    let [count, held, clients] = parts[..] else {
+        return Err(format!("{text:?}: COUNT:HELD:CLIENTS, e.g. 32:22:16"));
+    };
+    let number = |what: &str, s: &str| {
+        s.trim()
+            .parse::<u16>()
+            .map_err(|_| format!("{what} {s:?} is not a whole number"))
+    };
+    let shape = RoomShape {
+        count: number("count", count)?,
+        held: number("held", held)?,
+        clients: usize::from(number("clients", clients)?),
+    };
+    if shape.count == 0 || shape.count > 1000 {
+        return Err(format!("count {}: 1…1000", shape.count));
+    }
+    if shape.held >= shape.count {
+        return Err(format!(
+            "held {}: below the count {}",
+            shape.held, shape.count
+        ));
+    }
+    if shape.clients == 0 || shape.clients > 512 {
+        return Err(format!("clients {}: 1…512", shape.clients));
+    }
+    Ok(shape)
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -277,6 +364,31 @@ mod tests {
     #[test]
     fn the_command_is_well_formed() {
         Args::command().debug_assert();
+    }
+
+    #[test]
+    fn room_rows_are_count_held_clients() {
+        assert_eq!(run("").room, None, "the profile's rows");
+        let args = run("--room 32:22:16,1000:990:64 --only room");
+        assert!(args.runs(Section::Room) && !args.runs(Section::Contention));
+        assert_eq!(
+            args.room,
+            Some(vec![
+                RoomShape {
+                    count: 32,
+                    held: 22,
+                    clients: 16
+                },
+                RoomShape {
+                    count: 1000,
+                    held: 990,
+                    clients: 64
+                },
+            ])
+        );
+        for bad in ["32:32:16", "0:0:1", "1001:0:1", "32:0:0", "32:0", "32:x:4"] {
+            assert!(parse_str(&format!("--room {bad}")).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -25,10 +25,10 @@ use semaphore::store::MemoryStore;
 use semaphore::Limits;
 
 use crate::backend::{Backend, LocalDynamoDb, Store};
-use crate::cli::{Args, Profile, Section};
+use crate::cli::{Args, Profile, RoomShape, Section, ROOM_DEFAULT};
 use crate::fairness::{ReadLoadSpec, SaturationSpec};
 use crate::report::{Meta, Report};
-use crate::scenarios::{Env, Strategy, Trigger};
+use crate::scenarios::{Env, Shape, Strategy, Trigger};
 
 /// How much of everything a profile measures.
 struct Plan {
@@ -36,6 +36,8 @@ struct Plan {
     warmup_samples: usize,
     warmup_seconds: f64,
     clients: Vec<usize>,
+    /// The `room` section's rows.
+    room: Vec<RoomShape>,
     seconds: f64,
     saturation_seconds: f64,
     waiters: Vec<usize>,
@@ -60,6 +62,11 @@ impl Plan {
                 warmup_samples: 3,
                 warmup_seconds: 0.3,
                 clients: vec![1, 16],
+                room: vec![RoomShape {
+                    count: 8,
+                    held: 2,
+                    clients: 4,
+                }],
                 // Long enough for naive to finish cycles at 16 clients, +8 ms,
                 // on a debug build.
                 seconds: 1.0,
@@ -80,6 +87,7 @@ impl Plan {
                 warmup_samples: 50,
                 warmup_seconds: 5.0,
                 clients: vec![1, 4, 16, 64],
+                room: ROOM_DEFAULT.to_vec(),
                 seconds: 6.0,
                 saturation_seconds: 60.0,
                 waiters: vec![10, 100, 1000],
@@ -96,6 +104,9 @@ impl Plan {
         };
         if let Some(clients) = &args.clients {
             plan.clients.clone_from(clients);
+        }
+        if let Some(room) = &args.room {
+            plan.room.clone_from(room);
         }
         if let Some(seconds) = args.seconds {
             plan.seconds = seconds;
@@ -237,6 +248,7 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
 
     let mut operations = Vec::new();
     let mut contention = Vec::new();
+    let mut room = Vec::new();
     let mut saturation = Vec::new();
     let mut read_load = Vec::new();
     let mut wake = Vec::new();
@@ -274,6 +286,33 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
                         );
                     }
                 }
+            }
+        }
+        if args.runs(Section::Room) {
+            // At the largest delay: the one closest to a real network.
+            let delayed = with_latency(env, read_latency);
+            for &shape in &plan.room {
+                progress(&format!(
+                    "{name}: room to spare, +{} ms, count {} with {} held, C={}",
+                    read_latency.as_millis(),
+                    shape.count,
+                    shape.held,
+                    shape.clients
+                ));
+                room.push(
+                    scenarios::contention_on(
+                        &delayed,
+                        Strategy::New,
+                        shape.clients,
+                        plan.seconds,
+                        args.hold,
+                        Shape {
+                            count: shape.count,
+                            held: shape.held,
+                        },
+                    )
+                    .await?,
+                );
             }
         }
         if args.runs(Section::Saturation) && saturation_env.is_some_and(|e| std::ptr::eq(e, env)) {
@@ -356,6 +395,7 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
         },
         operations,
         contention,
+        room,
         cost: Vec::new(),
         saturation,
         read_load,

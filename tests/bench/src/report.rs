@@ -26,6 +26,8 @@ pub struct Report {
     pub meta: Meta,
     pub operations: Vec<OpRow>,
     pub contention: Vec<ContentionRow>,
+    /// Pools with room to spare (count above the clients, some slots held).
+    pub room: Vec<ContentionRow>,
     pub cost: Vec<CostRow>,
     pub saturation: Vec<SaturationRow>,
     pub read_load: Vec<ReadLoadRow>,
@@ -87,6 +89,8 @@ pub struct ContentionRow {
     pub latency_ms: u64,
     pub clients: usize,
     pub count: u16,
+    /// Slots held throughout the run by nobody cycling.
+    pub held: u16,
     /// How long each client held its lease before returning it.
     pub hold_ms: u64,
     pub seconds: f64,
@@ -637,6 +641,7 @@ impl Report {
         );
         self.md_operations(&mut md);
         self.md_contention(&mut md);
+        self.md_room(&mut md);
         self.md_writes(&mut md);
         self.md_cost(&mut md);
         self.md_saturation(&mut md);
@@ -760,6 +765,51 @@ impl Report {
         }
     }
 
+    fn md_room(&self, md: &mut String) {
+        if self.room.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            md,
+            "\n### Pools with room to spare: C clients cycling borrow → hold {} ms → return on a pool of count N with H slots held throughout, {} s each\n\n\
+             Billed writes: write units as DynamoDB bills them, a lost conditional write at its item's size. \
+             The lone borrower's p50 is the same store's 1-client row on a pool of the same count.\n\n\
+             | store | +ms | count | held | clients | cycles/s | billed writes / cycle | successful writes / write | borrow p50 ms | borrow p99 ms | p50 ÷ lone p50 | timeouts | errors |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            self.meta.contention_hold_ms, self.meta.contention_seconds
+        );
+        for r in &self.room {
+            let lone = self
+                .room
+                .iter()
+                .find(|o| {
+                    o.backend == r.backend && o.count == r.count && o.held == 0 && o.clients == 1
+                })
+                .map(|o| o.borrow.p50_ms)
+                .filter(|p| *p > 0.0);
+            let ratio = lone.map_or("–".to_string(), |lone| {
+                format!("{:.2}", r.borrow.p50_ms / lone)
+            });
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {} | {} | {} |",
+                r.backend,
+                r.latency_ms,
+                r.count,
+                r.held,
+                r.clients,
+                r.cycles_per_s,
+                r.model_wcu_per_cycle,
+                r.successes_per_attempt,
+                r.borrow.p50_ms,
+                r.borrow.p99_ms,
+                ratio,
+                r.timeouts,
+                r.errors
+            );
+        }
+    }
+
     /// Conditional writes by kind at 16 clients and more (and under saturation):
     /// which writes collide, and on which condition.
     fn md_writes(&self, md: &mut String) {
@@ -777,6 +827,16 @@ impl Report {
                     r.cycles as usize,
                 )
             })
+            .chain(self.room.iter().filter(|r| r.clients >= 16).map(|r| {
+                (
+                    format!(
+                        "{} | +{} | count {} held {} C={}",
+                        r.backend, r.latency_ms, r.count, r.held, r.clients
+                    ),
+                    &r.writes_by_kind[..],
+                    r.cycles as usize,
+                )
+            }))
             .chain(self.saturation.iter().map(|r| {
                 (
                     format!(

@@ -418,12 +418,42 @@ pub async fn contention(
     seconds: f64,
     hold: Duration,
 ) -> Result<ContentionRow, String> {
+    let shape = Shape {
+        count: CONTENTION_COUNT,
+        held: 0,
+    };
+    contention_on(env, strategy, clients, seconds, hold, shape).await
+}
+
+/// A pool's count, and how many of its slots stay held throughout a run.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub count: u16,
+    pub held: u16,
+}
+
+/// [`contention`] on a pool of `shape`: its `held` slots borrowed for the
+/// whole run before the clients start.
+pub async fn contention_on(
+    env: &Env,
+    strategy: Strategy,
+    clients: usize,
+    seconds: f64,
+    hold: Duration,
+    shape: Shape,
+) -> Result<ContentionRow, String> {
     let setup = env.setup().await;
     let id = new_pool();
     setup
-        .register(id, CONTENTION_COUNT, &mut call())
+        .register(id, shape.count, &mut call())
         .await
         .map_err(fail("register"))?;
+    for _ in 0..shape.held {
+        setup
+            .borrow(id, request(LONG_TTL_MS, 0), &mut call())
+            .await
+            .map_err(fail("holding a slot before the run"))?;
+    }
     let counters = Arc::new(Counters::default());
     let breakdown = Arc::new(Breakdown::default());
     let mut workers = Vec::with_capacity(clients);
@@ -495,7 +525,8 @@ pub async fn contention(
         strategy,
         latency_ms: env.backend.added_latency.as_millis() as u64,
         clients,
-        count: CONTENTION_COUNT,
+        count: shape.count,
+        held: shape.held,
         hold_ms: hold.as_millis() as u64,
         seconds: round3(elapsed),
         cycles: total.cycles,

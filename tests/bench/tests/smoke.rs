@@ -147,6 +147,20 @@ fn smoke_profile_emits_a_complete_report() {
             }
         }
     }
+    // A pool with room to spare, on each store: cycles made, every write
+    // billed (at least the two of a borrow and a return per cycle).
+    for backend in ["dynamodb-local", "memory"] {
+        let row = rows(&report, "room")
+            .iter()
+            .find(|r| r["backend"] == backend)
+            .unwrap_or_else(|| panic!("no room row for {backend}"));
+        assert_eq!(
+            (&row["count"], &row["held"], &row["clients"]),
+            (&8.into(), &2.into(), &4.into())
+        );
+        assert!(row["cycles"].as_u64() > Some(0), "{row:#}");
+        assert!(row["model_wcu_per_cycle"].as_f64() >= Some(2.0), "{row:#}");
+    }
     for row in rows(&report, "cost") {
         has_keys(
             row,
