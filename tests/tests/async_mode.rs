@@ -34,6 +34,7 @@ on_both_stores!(
     a_step_that_delivers_claims_its_grants_from_every_other_step,
     a_step_with_one_unreadable_ticket_hands_out_the_others,
     a_delivery_uses_the_claim_its_step_took,
+    dead_waiters_filling_the_queue_do_not_stall_the_backlog,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
@@ -701,6 +702,48 @@ async fn a_delivery_uses_the_claim_its_step_took(backend: Backend) {
     assert_eq!(item.state.name(), "delivered");
     assert_eq!(item.attempts, 1, "the step's claim served the attempt");
     assert_eq!(item.claim, Some(claim), "no other claim written");
+}
+
+/// Sync waiters whose requests died without a cancel, filling the queue,
+/// keep no async ticket in the backlog: a dispatcher step prunes them and
+/// admits it.
+async fn dead_waiters_filling_the_queue_do_not_stall_the_backlog(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let limits = Limits {
+        max_waiters: 2,
+        ..Limits::default()
+    };
+    let api = ApiClient {
+        service: semaphore::Service::new(store, limits)
+            .with_tickets(tickets)
+            .with_callback_policy(CallbackPolicy { allow_local: true }),
+    };
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    // The slot's holder lets its lease expire (no write frees it).
+    let (status, _) = borrow_as(&api, &pool, &lease(), 3.0, 0.0).await;
+    assert_eq!(status, 200);
+    // Two sync waiters, their requests gone mid-wait (as a Lambda cut off).
+    for _ in 0..2 {
+        let waiter = lease();
+        let waiting = borrow_as(&api, &pool, &waiter, 30.0, 1.0);
+        assert!(tokio::time::timeout(Duration::from_millis(300), waiting)
+            .await
+            .is_err());
+    }
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, "http://127.0.0.1:9/hook", 600.0).await;
+    assert_eq!(status, 202);
+    // Past the waiters' wait and grace, and the lease's expiry.
+    tokio::time::sleep(Duration::from_millis(3_200)).await;
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let step = api
+        .service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert_eq!(step.deliver.len(), 1, "{step:?}");
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "granted");
 }
 
 async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {

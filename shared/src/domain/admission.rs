@@ -1,7 +1,9 @@
 //! Async mode's line: ticket numbers, admission from the backlog,
 //! listing, settling.
 
-use super::{Change, Expect, GiveUp, Holder, Lease, LeaseDigest, Pool, Ticket, TicketItem, Update};
+use super::{
+    Change, Expect, GiveUp, Holder, Lease, LeaseDigest, Pool, Ticket, TicketItem, Update, MAX_PRUNE,
+};
 
 /// Most backlog tickets one admission appends (the expression limit again).
 pub const MAX_ADMITS: usize = 16;
@@ -185,6 +187,22 @@ impl Pool {
         (!update.changes.is_empty()).then_some(update)
     }
 
+    /// Takes out dead tickets (at most [`MAX_PRUNE`]) of a queue that holds
+    /// `max_waiters` tickets or more while tickets wait in the backlog: dead
+    /// sync waiters (their requests gone without a cancel) would otherwise
+    /// keep admission out until some borrower's write pruned them. `None`
+    /// when the queue has room, or nothing dead.
+    pub fn plan_prune_for_backlog(&self, now_ms: u64, max_waiters: usize) -> Option<Update> {
+        if !self.line.has_backlog() || self.queue.len() < max_waiters {
+            return None;
+        }
+        let dead: Vec<usize> = (0..self.queue.len())
+            .filter(|&i| !self.queue[i].is_live(now_ms))
+            .take(MAX_PRUNE)
+            .collect();
+        (!dead.is_empty()).then(|| self.remove_tickets(dead))
+    }
+
     /// Clears the async-work flag of a pool left with no backlog and no async
     /// ticket (conditioned on that), so its writes stop invoking the
     /// dispatcher; `None` when there is nothing to clear.
@@ -246,6 +264,32 @@ mod tests {
         let unlist = pool.plan_unlist(d(2)).expect("listed");
         pool = pool.apply(&unlist).expect("holds");
         assert_eq!(pool.listed_number(d(2)), None);
+    }
+
+    #[test]
+    fn dead_waiters_that_fill_the_queue_are_pruned_for_the_backlog() {
+        let now = 1_000_000;
+        let mut pool = Pool::new(0, 0);
+        // Two sync waiters whose requests died: dead a second past their wait.
+        for n in 1..=2 {
+            let plan = pool.plan_borrow(h(n, 1_000), now + 1_000, now, WAITERS);
+            let BorrowPlan::Join(update) = plan else {
+                panic!("{plan:?}");
+            };
+            pool = pool.apply(&update).expect("joins");
+        }
+        assert_eq!(pool.plan_prune_for_backlog(now, 2), None, "no backlog");
+        number(&mut pool, 1);
+        let later = now + 10_000;
+        assert_eq!(pool.admission_room(2, 16), 0, "full of dead tickets");
+        assert_eq!(pool.plan_prune_for_backlog(now, 2), None, "still live");
+        assert_eq!(pool.plan_prune_for_backlog(later, 3), None, "room left");
+        let prune = pool
+            .plan_prune_for_backlog(later, 2)
+            .expect("dead, and in the way");
+        let pruned = pool.apply(&prune).expect("holds");
+        assert!(pruned.queue().is_empty());
+        assert_eq!(pruned.admission_room(2, 16), 2);
     }
 
     #[test]

@@ -156,8 +156,9 @@ impl Service {
         Ok(step)
     }
 
-    /// One round of a step: an admission, or a hand-off owed to async
-    /// tickets, or a visit of the listed tickets: the record after it, and
+    /// One round of a step: a prune of dead waiters in the backlog's way, an
+    /// admission, or a hand-off owed to async tickets, or a visit of the
+    /// listed tickets: the record after it, and
     /// whether to go on.
     async fn round(
         &self,
@@ -168,6 +169,14 @@ impl Service {
         round: Round<'_>,
     ) -> Result<(Record, bool), Error> {
         let (key, now) = (round.key, round.now);
+        // Dead waiters filling the queue would keep the backlog out.
+        if let Some(update) = record
+            .pool
+            .plan_prune_for_backlog(now, self.limits.max_waiters)
+        {
+            let pruned = write(ctx, key, &record, &update, round.lost).await?;
+            return Ok((pruned, true));
+        }
         if let Some(admitted) = admit(ctx, key, &record, self.limits.max_waiters).await? {
             return Ok((admitted, true));
         }
