@@ -35,6 +35,7 @@ on_both_stores!(
     a_step_with_one_unreadable_ticket_hands_out_the_others,
     a_delivery_uses_the_claim_its_step_took,
     dead_waiters_filling_the_queue_do_not_stall_the_backlog,
+    deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_lapse,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
@@ -533,14 +534,30 @@ async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: B
     }
 }
 
-/// A ticket store whose reads of one ticket fail (the others answer).
-struct OneUnreadable {
+/// A ticket store that counts its reads of tickets, and whose reads of one
+/// ticket (if named) fail (the others answer).
+struct WatchedTickets {
     inner: Arc<dyn TicketStore>,
-    digest: LeaseDigest,
+    unreadable: Option<LeaseDigest>,
+    reads: std::sync::atomic::AtomicUsize,
+}
+
+impl WatchedTickets {
+    fn new(inner: Arc<dyn TicketStore>, unreadable: Option<LeaseDigest>) -> Arc<Self> {
+        Arc::new(WatchedTickets {
+            inner,
+            unreadable,
+            reads: Default::default(),
+        })
+    }
+
+    fn reads(&self) -> usize {
+        self.reads.load(std::sync::atomic::Ordering::SeqCst)
+    }
 }
 
 #[async_trait::async_trait]
-impl TicketStore for OneUnreadable {
+impl TicketStore for WatchedTickets {
     async fn put_ticket(
         &self,
         key: &PoolKey,
@@ -554,7 +571,8 @@ impl TicketStore for OneUnreadable {
         key: &PoolKey,
         digest: LeaseDigest,
     ) -> Result<Option<TicketItem>, StoreError> {
-        if digest == self.digest {
+        self.reads.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if Some(digest) == self.unreadable {
             return Err(StoreError::new(StoreErrorKind::TimedOut, "injected"));
         }
         self.inner.ticket(key, digest).await
@@ -630,10 +648,10 @@ async fn a_step_with_one_unreadable_ticket_hands_out_the_others(backend: Backend
         assert_eq!(status, 202);
     }
     let key = PoolId(pool.parse().expect("uuid")).key();
-    let flaky = service(Arc::new(OneUnreadable {
-        inner: tickets.clone(),
-        digest: LeaseId(unreadable.parse().expect("uuid")).digest(),
-    }));
+    let flaky = service(WatchedTickets::new(
+        tickets.clone(),
+        Some(LeaseId(unreadable.parse().expect("uuid")).digest()),
+    ));
     let before = semaphore::clock::now_ms();
     let step = flaky
         .dispatch_step_to_deliver(&key, &[], Duration::from_secs(10), &mut Budget::new(None))
@@ -744,6 +762,53 @@ async fn dead_waiters_filling_the_queue_do_not_stall_the_backlog(backend: Backen
         .expect("step");
     assert_eq!(step.deliver.len(), 1, "{step:?}");
     assert_eq!(ticket(&api, &pool, &mine).await["state"], "granted");
+}
+
+/// A dispatcher that found deliveries claimed by another leaves them be
+/// (no read of their tickets) until the claims lapse, and has the pool
+/// looked at again then.
+async fn deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_lapse(
+    backend: Backend,
+) {
+    let (store, tickets) = backend.stores().await;
+    let service = |tickets: Arc<dyn TicketStore>| {
+        semaphore::Service::new(store.clone(), Limits::default())
+            .with_tickets(tickets)
+            .with_callback_policy(CallbackPolicy { allow_local: true })
+    };
+    let dispatcher = |tickets: Arc<dyn TicketStore>| {
+        let caller = Caller::new(CallbackPolicy { allow_local: true }, Duration::from_secs(1));
+        Dispatcher::new(Arc::new(service(tickets)), caller.expect("caller"))
+    };
+    let api = ApiClient {
+        service: service(tickets.clone()),
+    };
+    let pool = pool_id();
+    api.register(&pool, 2).await;
+    for _ in 0..2 {
+        let (status, _) = enqueue(&api, &pool, &lease(), "http://127.0.0.1:9/hook", 600.0).await;
+        assert_eq!(status, 202);
+    }
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let first = dispatcher(tickets.clone());
+    let claimed = first.step_to_deliver(key).await.expect("step");
+    assert_eq!(claimed.deliver.len(), 2);
+    let lapse = claimed
+        .deliver
+        .iter()
+        .filter_map(|d| d.claim)
+        .map(|c| c.until_ms)
+        .min();
+    let watched = WatchedTickets::new(tickets.clone(), None);
+    let other = dispatcher(watched.clone());
+    let seen = other.step_to_deliver(key).await.expect("step");
+    assert!(seen.deliver.is_empty());
+    assert_eq!(watched.reads(), 2, "each read once");
+    assert!(seen.wake_ms <= lapse, "{:?} vs {lapse:?}", seen.wake_ms);
+    let again = other.step_to_deliver(key).await.expect("step");
+    assert!(again.deliver.is_empty());
+    assert_eq!(watched.reads(), 2, "not read again while claimed");
+    assert_eq!(again.wake_ms, lapse, "looked at again when they lapse");
 }
 
 async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {

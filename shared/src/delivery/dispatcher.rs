@@ -1,7 +1,7 @@
 //! The dispatcher: a pool stepped, its grants delivered to their callbacks
 //! with capped, jittered retries, the outcome recorded.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,6 +31,10 @@ pub struct Dispatcher {
     /// Deliveries under way here: a step that sees one again (its ticket
     /// is listed until it ends) leaves it be.
     in_flight: Mutex<HashSet<(PoolKey, LeaseDigest)>>,
+    /// Deliveries another dispatcher claimed, until their claims lapse: its
+    /// steps leave them be (each would only find them claimed again) and
+    /// look again at the lapse, in case their claimer died.
+    elsewhere: Mutex<HashMap<(PoolKey, LeaseDigest), u64>>,
     log: LogFormat,
 }
 
@@ -46,6 +50,7 @@ impl Dispatcher {
             },
             bound: DELIVERY_BOUND,
             in_flight: Mutex::new(HashSet::new()),
+            elsewhere: Mutex::new(HashMap::new()),
             log: LogFormat::Text,
         }
     }
@@ -63,6 +68,10 @@ impl Dispatcher {
 
     fn in_flight(&self) -> std::sync::MutexGuard<'_, HashSet<(PoolKey, LeaseDigest)>> {
         self.in_flight.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn elsewhere(&self) -> std::sync::MutexGuard<'_, HashMap<(PoolKey, LeaseDigest), u64>> {
+        self.elsewhere.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// One step on the pool: the grants to deliver (none already under way
@@ -91,12 +100,26 @@ impl Dispatcher {
     }
 
     async fn step_with(&self, key: PoolKey, claim_for: Option<Duration>) -> Result<Step, Error> {
-        let delivering: Vec<LeaseDigest> = self
+        let mut delivering: Vec<LeaseDigest> = self
             .in_flight()
             .iter()
             .filter(|(k, _)| *k == key)
             .map(|(_, digest)| *digest)
             .collect();
+        // Claimed elsewhere, the claim live: left be until it lapses.
+        let now = now_ms();
+        let lapses = {
+            let mut elsewhere = self.elsewhere();
+            elsewhere.retain(|_, until| *until > now);
+            let mut lapses = None::<u64>;
+            for (&(k, digest), &until) in elsewhere.iter() {
+                if k == key {
+                    delivering.push(digest);
+                    lapses = Some(lapses.map_or(until, |l| l.min(until)));
+                }
+            }
+            lapses
+        };
         let mut budget = Budget::new(None);
         let step = match claim_for {
             Some(claim_for) => {
@@ -122,7 +145,13 @@ impl Dispatcher {
             .into_iter()
             .filter(|d| self.in_flight().insert((key, d.item.digest())))
             .collect();
-        let wake_ms = match (step.active, step.wake_ms) {
+        {
+            let mut elsewhere = self.elsewhere();
+            for &(digest, until) in &step.claimed_elsewhere {
+                elsewhere.insert((key, digest), until);
+            }
+        }
+        let wake_ms = match (step.active, step.wake_ms.into_iter().chain(lapses).min()) {
             (false, _) => None,
             (true, Some(at)) => Some(at),
             // Active without a timer: every change invokes a step; look

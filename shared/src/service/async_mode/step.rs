@@ -43,6 +43,9 @@ pub struct Step {
     /// The earliest lapse of another delivery's claim seen: if that delivery
     /// died, its ticket is delivered again after (Unix ms).
     pub claim_lapses_ms: Option<u64>,
+    /// The tickets found claimed by another dispatcher, and when each claim
+    /// lapses (Unix ms).
+    pub claimed_elsewhere: Vec<(LeaseDigest, u64)>,
 }
 
 /// One round of a step over the listed tickets: the pool's key, the round's
@@ -375,6 +378,7 @@ impl Service {
             // Another dispatcher's attempt is under way: its own.
             TicketStep::Claimed { until_ms } => {
                 leave.push(digest);
+                step.claimed_elsewhere.push((digest, until_ms));
                 step.claim_lapses_ms =
                     Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
                 false
@@ -467,6 +471,7 @@ async fn claim(
             Ok(TicketUpdated::Lost(item)) => {
                 if let Some(other) = item.claim.filter(|c| c.until_ms > now) {
                     let at = other.until_ms;
+                    step.claimed_elsewhere.push((item.digest(), at));
                     step.claim_lapses_ms = Some(step.claim_lapses_ms.map_or(at, |w| w.min(at)));
                 }
             }
