@@ -346,6 +346,9 @@ async fn a_stream_batch_hands_its_deliveries_to_the_queue() {
         TicketState::Granted(_)
     ));
     assert!(arrived.try_recv().is_err(), "the stream batch delivered");
+    // Nor claimed it: the wake's invocation must not wait for a lapse.
+    let report = f.service.ticket(id, lease, &mut Budget::new(None)).await;
+    assert_eq!(report.unwrap().item.claim, None);
     let sent = f.sent.taken();
     assert_eq!(
         sent.last(),
