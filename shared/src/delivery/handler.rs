@@ -202,7 +202,7 @@ impl Handler {
             .filter(|w| *w <= EARLY)
             .max()
         {
-            if deadline.is_none_or(|d| Instant::now() + wait + ROUND <= d) {
+            if deadline.is_none_or(|d| Instant::now() + wait + STEP + ROUND <= d) {
                 tokio::time::sleep(wait).await;
             }
         }

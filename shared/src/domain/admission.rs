@@ -187,7 +187,7 @@ impl Pool {
         (!update.changes.is_empty()).then_some(update)
     }
 
-    /// Takes out dead tickets (at most [`MAX_PRUNE`]) of a queue that holds
+    /// Takes out dead sync tickets (at most [`MAX_PRUNE`]) of a queue that holds
     /// `max_waiters` tickets or more while tickets wait in the backlog: dead
     /// sync waiters (their requests gone without a cancel) would otherwise
     /// keep admission out until some borrower's write pruned them. `None`
@@ -196,8 +196,12 @@ impl Pool {
         if !self.line.has_backlog() || self.queue.len() < max_waiters {
             return None;
         }
+        // Listed (async) tickets are the step's to end, `expired`, and unlist.
         let dead: Vec<usize> = (0..self.queue.len())
-            .filter(|&i| !self.queue[i].is_live(now_ms))
+            .filter(|&i| {
+                let ticket = &self.queue[i];
+                !ticket.is_live(now_ms) && self.listed_number(ticket.holder.digest).is_none()
+            })
             .take(MAX_PRUNE)
             .collect();
         (!dead.is_empty()).then(|| self.remove_tickets(dead))
@@ -290,6 +294,15 @@ mod tests {
         let pruned = pool.apply(&prune).expect("holds");
         assert!(pruned.queue().is_empty());
         assert_eq!(pruned.admission_room(2, 16), 2);
+        // A listed (async) ticket is the step's to end and unlist: left in.
+        let mut listed = pool.clone();
+        listed.line.listed = vec![(h(1, 1_000).digest, 0)];
+        let prune = listed
+            .plan_prune_for_backlog(later, 2)
+            .expect("the sync one");
+        let pruned = listed.apply(&prune).expect("holds");
+        assert_eq!(pruned.queue().len(), 1);
+        assert_eq!(pruned.queue()[0].holder, h(1, 1_000));
     }
 
     #[test]
