@@ -63,6 +63,17 @@ struct Round<'r> {
 /// claimed deliveries) has the pool stepped again.
 const AGAIN_SOON_MS: u64 = 1_000;
 
+/// How a round of a step ended.
+enum Next {
+    /// It wrote: another round.
+    Again,
+    /// Nothing more to do.
+    Done,
+    /// A call on some tickets failed, the round's others done: a step soon
+    /// does the rest.
+    Partly(Error),
+}
+
 impl Service {
     /// The dispatcher's work on one pool after a change (or at a wake):
     /// admits backlog tickets, hands free slots owed to async tickets at the
@@ -127,9 +138,15 @@ impl Service {
                 .round(&mut ctx, tickets, claim_for, record.clone(), round)
                 .await
             {
-                Ok((next, true)) => record = next,
-                Ok((next, false)) => {
+                Ok((next, Next::Again)) => record = next,
+                Ok((next, Next::Done)) => {
                     record = next;
+                    break;
+                }
+                Ok((next, Next::Partly(err))) => {
+                    tracing::warn!(error = %err, "a step's call failed: its other tickets done");
+                    record = next;
+                    cut_short = true;
                     break;
                 }
                 // Deliveries it claimed are made whatever failed after: a
@@ -170,7 +187,7 @@ impl Service {
         claim_for: Option<Duration>,
         record: Record,
         round: Round<'_>,
-    ) -> Result<(Record, bool), Error> {
+    ) -> Result<(Record, Next), Error> {
         let (key, now) = (round.key, round.now);
         // Dead waiters filling the queue would keep the backlog out.
         if let Some(update) = record
@@ -178,10 +195,10 @@ impl Service {
             .plan_prune_for_backlog(now, self.limits.max_waiters)
         {
             let pruned = write(ctx, key, &record, &update, round.lost).await?;
-            return Ok((pruned, true));
+            return Ok((pruned, Next::Again));
         }
         if let Some(admitted) = admit(ctx, key, &record, self.limits.max_waiters).await? {
-            return Ok((admitted, true));
+            return Ok((admitted, Next::Again));
         }
         let async_queued = record
             .pool
@@ -191,12 +208,13 @@ impl Service {
         if async_queued {
             if let Some(update) = record.pool.plan_serve(now) {
                 let served = write(ctx, key, &record, &update, round.lost).await?;
-                return Ok((served, true));
+                return Ok((served, Next::Again));
             }
         }
         // Listed async tickets: granted, or out of the queue ungranted.
-        self.visit_listed(ctx, tickets, claim_for, record, round)
-            .await
+        Ok(self
+            .visit_listed(ctx, tickets, claim_for, record, round)
+            .await)
     }
 
     /// Visits the listed async tickets (but those it leaves be): the record
@@ -213,7 +231,7 @@ impl Service {
         claim_for: Option<Duration>,
         mut record: Record,
         round: Round<'_>,
-    ) -> Result<(Record, bool), Error> {
+    ) -> (Record, Next) {
         let Round {
             key,
             now,
@@ -261,12 +279,19 @@ impl Service {
                         lost: &mut *lost,
                         leave: &mut *leave,
                     };
-                    let ended;
-                    (record, ended) = self
-                        .visit(ctx, round, record, digest, item, ticket_step)
-                        .await?;
-                    if ended {
-                        unlist.push(digest);
+                    match self
+                        .visit(ctx, round, record.clone(), digest, item, ticket_step)
+                        .await
+                    {
+                        Ok((visited, ended)) => {
+                            record = visited;
+                            if ended {
+                                unlist.push(digest);
+                            }
+                        }
+                        Err(err) => {
+                            failed.get_or_insert(err);
+                        }
                     }
                 }
             }
@@ -314,21 +339,35 @@ impl Service {
             // instead: its delivery, its slot.)
             if live && item.state.is_final() {
                 if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now) {
-                    record = write(ctx, key, &record, &update, lost).await?;
+                    match write(ctx, key, &record, &update, lost).await {
+                        Ok(returned) => record = returned,
+                        Err(err) => {
+                            // Still listed: a later step returns it.
+                            failed.get_or_insert(err);
+                            continue;
+                        }
+                    }
                 }
             }
             if item.state.is_final() {
                 unlist.push(digest);
             }
         }
-        let mut changed = false;
+        let mut next = Next::Done;
         if let Some(update) = record.pool.plan_unlist_all(&unlist) {
-            record = write(ctx, key, &record, &update, lost).await?;
-            changed = true;
+            match write(ctx, key, &record, &update, lost).await {
+                Ok(unlisted) => {
+                    record = unlisted;
+                    next = Next::Again;
+                }
+                Err(err) => {
+                    failed.get_or_insert(err);
+                }
+            }
         }
         match failed {
-            Some(err) => Err(err),
-            None => Ok((record, changed)),
+            Some(err) => (record, Next::Partly(err)),
+            None => (record, next),
         }
     }
 
