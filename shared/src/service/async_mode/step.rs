@@ -177,9 +177,8 @@ impl Service {
     }
 
     /// One round of a step: a prune of dead waiters in the backlog's way, an
-    /// admission, or a hand-off owed to async tickets, or a visit of the
-    /// listed tickets: the record after it, and
-    /// whether to go on.
+    /// admission, a hand-off owed to async tickets, or a visit of the listed
+    /// tickets. The record after it, and how it ended.
     async fn round(
         &self,
         ctx: &mut Harness<'_>,
@@ -218,7 +217,8 @@ impl Service {
     }
 
     /// Visits the listed async tickets (but those it leaves be): the record
-    /// after the round's writes, and whether any ticket was unlisted. The
+    /// after the round's writes, and how the round ended (`Again` when it
+    /// unlisted some). The
     /// tickets are items of their own: they are read side by side, the
     /// grants handed to them recorded side by side (and, with `claim_for`,
     /// claimed at once, side by side); the tickets that ended leave the list
