@@ -114,10 +114,21 @@ async fn api_and_store(
 /// hands on or delivers but the requests themselves (and a test's own steps).
 async fn undispatched(backend: Backend) -> ApiClient {
     let (store, tickets) = backend.stores().await;
-    let service = semaphore::Service::new(store, Limits::default())
+    ApiClient {
+        service: service_over(store, tickets, Limits::default()),
+    }
+}
+
+/// A service over these stores with async mode, callbacks to loopback
+/// allowed, and `limits`; no dispatcher of its own.
+fn service_over(
+    store: Arc<dyn PoolStore>,
+    tickets: Arc<dyn TicketStore>,
+    limits: Limits,
+) -> semaphore::Service {
+    semaphore::Service::new(store, limits)
         .with_tickets(tickets)
-        .with_callback_policy(CallbackPolicy { allow_local: true });
-    ApiClient { service }
+        .with_callback_policy(CallbackPolicy { allow_local: true })
 }
 
 fn lease() -> String {
@@ -631,11 +642,7 @@ impl TicketStore for WatchedTickets {
 /// out the others' grants, and has the pool stepped again within a second.
 async fn a_step_with_one_unreadable_ticket_hands_out_the_others(backend: Backend) {
     let (store, tickets) = backend.stores().await;
-    let service = |tickets: Arc<dyn TicketStore>| {
-        semaphore::Service::new(store.clone(), Limits::default())
-            .with_tickets(tickets)
-            .with_callback_policy(CallbackPolicy { allow_local: true })
-    };
+    let service = |tickets| service_over(store.clone(), tickets, Limits::default());
     let api = ApiClient {
         service: service(tickets.clone()),
     };
@@ -697,11 +704,7 @@ async fn a_step_with_one_unreadable_ticket_hands_out_the_others(backend: Backend
 /// attempt counted, one POST, the ticket `delivered`.
 async fn a_delivery_uses_the_claim_its_step_took(backend: Backend) {
     let (store, tickets) = backend.stores().await;
-    let service = || {
-        semaphore::Service::new(store.clone(), Limits::default())
-            .with_tickets(tickets.clone())
-            .with_callback_policy(CallbackPolicy { allow_local: true })
-    };
+    let service = || service_over(store.clone(), tickets.clone(), Limits::default());
     let api = ApiClient { service: service() };
     let (url, got) = receiver(200).await;
     let pool = pool_id();
@@ -739,9 +742,7 @@ async fn dead_waiters_filling_the_queue_do_not_stall_the_backlog(backend: Backen
         ..Limits::default()
     };
     let api = ApiClient {
-        service: semaphore::Service::new(store, limits)
-            .with_tickets(tickets)
-            .with_callback_policy(CallbackPolicy { allow_local: true }),
+        service: service_over(store, tickets, limits),
     };
     let pool = pool_id();
     api.register(&pool, 1).await;
@@ -778,11 +779,7 @@ async fn deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_laps
     backend: Backend,
 ) {
     let (store, tickets) = backend.stores().await;
-    let service = |tickets: Arc<dyn TicketStore>| {
-        semaphore::Service::new(store.clone(), Limits::default())
-            .with_tickets(tickets)
-            .with_callback_policy(CallbackPolicy { allow_local: true })
-    };
+    let service = |tickets| service_over(store.clone(), tickets, Limits::default());
     let dispatcher = |tickets: Arc<dyn TicketStore>| {
         let caller = Caller::new(CallbackPolicy { allow_local: true }, Duration::from_secs(1));
         Dispatcher::new(Arc::new(service(tickets)), caller.expect("caller"))
@@ -1067,9 +1064,7 @@ async fn a_ticket_cancelled_while_its_admission_lands_is_never_served(backend: B
         tickets: tickets.clone(),
         victim: victim_digest.clone(),
     };
-    let service = semaphore::Service::new(Arc::new(Forward(racing)), Limits::default())
-        .with_tickets(tickets)
-        .with_callback_policy(CallbackPolicy { allow_local: true });
+    let service = service_over(Arc::new(Forward(racing)), tickets, Limits::default());
     let api = ApiClient { service };
     let pool = pool_id();
     api.register(&pool, 1).await;
@@ -1154,9 +1149,7 @@ async fn a_full_backlog_refuses_tickets_with_a_409_naming_its_limit(backend: Bac
         ..Limits::default()
     };
     let api = ApiClient {
-        service: semaphore::Service::new(store, limits)
-            .with_tickets(tickets)
-            .with_callback_policy(CallbackPolicy { allow_local: true }),
+        service: service_over(store, tickets, limits),
     };
     let pool = pool_id();
     api.register(&pool, 0).await;
