@@ -113,9 +113,14 @@ async fn api_and_store(
 /// The API over one store with async mode and no dispatcher: nothing admits,
 /// hands on or delivers but the requests themselves (and a test's own steps).
 async fn undispatched(backend: Backend) -> ApiClient {
+    undispatched_with(backend, Limits::default()).await
+}
+
+/// [`undispatched`] with these limits.
+async fn undispatched_with(backend: Backend, limits: Limits) -> ApiClient {
     let (store, tickets) = backend.stores().await;
     ApiClient {
-        service: service_over(store, tickets, Limits::default()),
+        service: service_over(store, tickets, limits),
     }
 }
 
@@ -525,14 +530,7 @@ async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: B
     // Their leases returned undelivered, the next step ends them and
     // unlists all three (in one write), and the pool settles.
     for mine in &tickets {
-        let (status, _) = api
-            .call(
-                "POST",
-                &format!("/l/{pool}/return"),
-                &json!({"lease": mine}).to_string(),
-            )
-            .await;
-        assert_eq!(status, 200);
+        assert_eq!(api.return_lease(&pool, mine).await.0, 200);
     }
     let last = api
         .service
@@ -736,14 +734,11 @@ async fn a_delivery_uses_the_claim_its_step_took(backend: Backend) {
 /// keep no async ticket in the backlog: a dispatcher step prunes them and
 /// admits it.
 async fn dead_waiters_filling_the_queue_do_not_stall_the_backlog(backend: Backend) {
-    let (store, tickets) = backend.stores().await;
     let limits = Limits {
         max_waiters: 2,
         ..Limits::default()
     };
-    let api = ApiClient {
-        service: service_over(store, tickets, limits),
-    };
+    let api = undispatched_with(backend, limits).await;
     let pool = pool_id();
     api.register(&pool, 1).await;
     // The slot's holder lets its lease expire (no write frees it).
@@ -1143,14 +1138,11 @@ async fn a_backlog_that_cannot_change_wakes_nobody(backend: Backend) {
 /// enqueue past it (and a borrower that would wait in it) gets a 409 that
 /// names the limit, and nothing is written. Admission makes room again.
 async fn a_full_backlog_refuses_tickets_with_a_409_naming_its_limit(backend: Backend) {
-    let (store, tickets) = backend.stores().await;
     let limits = Limits {
         max_tickets: 3,
         ..Limits::default()
     };
-    let api = ApiClient {
-        service: service_over(store, tickets, limits),
-    };
+    let api = undispatched_with(backend, limits).await;
     let pool = pool_id();
     api.register(&pool, 0).await;
     let hook = "http://127.0.0.1:9/hook";
