@@ -265,12 +265,16 @@ impl Borrower<'_> {
             }
             let now = now_ms();
             let may_wait = Instant::now() < self.give_up;
+            // A borrower that may wait joins behind live waiters rather than
+            // take a spare slot over the queue's changing tail (a join never
+            // collides); the queue's head hands the free slots on in order.
+            let may_take = !may_wait || (take && record.pool.waiting(now) == 0);
             let plan = record.pool.plan_borrow_or_join(
                 self.holder,
                 self.give_up_ms,
                 now,
                 self.max_waiters,
-                take || !may_wait,
+                may_take,
             );
             match plan {
                 BorrowPlan::Held(lease) => return Ok(Placed::Granted(lease, false)),
@@ -321,6 +325,11 @@ impl Borrower<'_> {
         let mut lost = 0u32;
         let mut pace = Pace::default();
         let mut forecast = Forecast::default();
+        // The first in line hands free slots on at once; another waiter owed
+        // one does only when its next read finds them still free, or its
+        // wait ends (waiters that read the same state plan the same write,
+        // and all but one lose it). Whether its last read found it owed one:
+        let mut owed_before = false;
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
@@ -331,12 +340,24 @@ impl Borrower<'_> {
                 // Cancelled by a return of its lease id, or pruned as dead.
                 WaitPlan::Gone => return Err(Error::Exhausted),
                 WaitPlan::Waiting {
-                    duty: Some(update), ..
-                } => {
+                    duty: Some(update),
+                    ahead,
+                    ..
+                } if ahead == 0 || owed_before || Instant::now() >= self.give_up => {
+                    owed_before = false;
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
                     continue;
                 }
+                WaitPlan::Waiting {
+                    duty: Some(_),
+                    ahead,
+                    ..
+                } => {
+                    owed_before = true;
+                    (ahead, 0)
+                }
                 WaitPlan::Waiting { ahead, needed, .. } => {
+                    owed_before = false;
                     if needed == 0 {
                         // A free slot, but dead tickets block the hand-off.
                         if let Some(update) = record.pool.plan_prune(now) {
