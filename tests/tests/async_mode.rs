@@ -147,6 +147,25 @@ async fn enqueue(api: &ApiClient, pool: &str, lease: &str, url: &str, wait: f64)
         .await
 }
 
+/// A new pool of `count` with `tickets` async tickets enqueued to a receiver
+/// that never answers (each may wait 600 s): the pool, its key and the
+/// tickets' lease ids.
+async fn pool_with_tickets(
+    api: &ApiClient,
+    count: u32,
+    tickets: usize,
+) -> (String, PoolKey, Vec<String>) {
+    let pool = pool_id();
+    api.register(&pool, count).await;
+    let leases: Vec<String> = (0..tickets).map(|_| lease()).collect();
+    for mine in &leases {
+        let (status, _) = enqueue(api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
+        assert_eq!(status, 202);
+    }
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    (pool, key, leases)
+}
+
 async fn ticket(api: &ApiClient, pool: &str, lease: &str) -> Value {
     let (status, body) = api
         .call(
@@ -470,14 +489,7 @@ async fn a_grant_cut_short_is_delivered_at_the_next_step(backend: Backend) {
 /// step read them again. Tickets that ended leave the list in one write.
 async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: Backend) {
     let api = undispatched(backend).await;
-    let pool = pool_id();
-    api.register(&pool, 3).await;
-    let tickets: Vec<String> = (0..3).map(|_| lease()).collect();
-    for mine in &tickets {
-        let (status, _) = enqueue(&api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
-        assert_eq!(status, 202);
-    }
-    let key = PoolId(pool.parse().expect("uuid")).key();
+    let (_, key, _) = pool_with_tickets(&api, 3, 3).await;
     let claim_for = Duration::from_secs(10);
     let first = api
         .service
@@ -510,14 +522,7 @@ async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: B
     // One read of the pool and one of each ticket: no second round reads them.
     assert_eq!(second.stats.store_calls, 1 + 3, "{:?}", second.stats);
     // A step for a caller that hands its deliveries on takes no claim.
-    let pool = pool_id();
-    api.register(&pool, 3).await;
-    let tickets: Vec<String> = (0..3).map(|_| lease()).collect();
-    for mine in &tickets {
-        let (status, _) = enqueue(&api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
-        assert_eq!(status, 202);
-    }
-    let key = PoolId(pool.parse().expect("uuid")).key();
+    let (pool, key, tickets) = pool_with_tickets(&api, 3, 3).await;
     let handed_on = api
         .service
         .dispatch_step(&key, &[], &mut Budget::new(None))
@@ -644,14 +649,8 @@ async fn a_step_with_one_unreadable_ticket_hands_out_the_others(backend: Backend
     let api = ApiClient {
         service: service(tickets.clone()),
     };
-    let pool = pool_id();
-    api.register(&pool, 2).await;
-    let (readable, unreadable) = (lease(), lease());
-    for mine in [&readable, &unreadable] {
-        let (status, _) = enqueue(&api, &pool, mine, "http://127.0.0.1:9/hook", 600.0).await;
-        assert_eq!(status, 202);
-    }
-    let key = PoolId(pool.parse().expect("uuid")).key();
+    let (_, key, leases) = pool_with_tickets(&api, 2, 2).await;
+    let (readable, unreadable) = (leases[0].clone(), leases[1].clone());
     let flaky = service(WatchedTickets::new(
         tickets.clone(),
         Some(LeaseId(unreadable.parse().expect("uuid")).digest()),
@@ -782,13 +781,7 @@ async fn deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_laps
     let api = ApiClient {
         service: service(tickets.clone()),
     };
-    let pool = pool_id();
-    api.register(&pool, 2).await;
-    for _ in 0..2 {
-        let (status, _) = enqueue(&api, &pool, &lease(), "http://127.0.0.1:9/hook", 600.0).await;
-        assert_eq!(status, 202);
-    }
-    let key = PoolId(pool.parse().expect("uuid")).key();
+    let (_, key, _) = pool_with_tickets(&api, 2, 2).await;
     let first = dispatcher(tickets.clone());
     let claimed = first.step_to_deliver(key).await.expect("step");
     assert_eq!(claimed.deliver.len(), 2);
