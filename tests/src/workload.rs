@@ -29,7 +29,9 @@ pub struct Workload {
     pub ttl_ms: (u64, u64),
     /// Waiting borrows' wait range, ms (inclusive).
     pub wait_ms: (u64, u64),
-    /// Registers pick a count in `0 ..= max_count` (initial ones ≥ 1).
+    /// Registers and resizes pick a count in `min_count ..= max_count`
+    /// (a pool's first count and a re-register's at least 1).
+    pub min_count: u32,
     pub max_count: u32,
     /// Pause between a client's calls: `0 ..= think_ms`.
     pub think_ms: u64,
@@ -83,6 +85,7 @@ impl Workload {
             operations,
             ttl_ms: (50, 400),
             wait_ms: (50, 600),
+            min_count: 0,
             max_count: 5,
             think_ms: 10,
             weights: [24, 18, 24, 4, 4, 3, 7, 8, 1, 6, 0],
@@ -93,6 +96,17 @@ impl Workload {
     /// the mix).
     pub fn with_dying_waiters(mut self, weight: u32) -> Self {
         self.weights[Kind::BorrowDying as usize] = weight;
+        self
+    }
+
+    /// Pools with room to spare: counts of 12 to 24 for 8 clients, so that
+    /// borrowers find free slots (resizes still shrink pools below leases
+    /// they hold, and raise them).
+    pub fn with_room(mut self) -> Self {
+        self.clients = 8;
+        self.pools = 2;
+        self.min_count = 12;
+        self.max_count = 24;
         self
     }
 }
@@ -121,7 +135,10 @@ pub async fn run(workload: &Workload, instances: &[Arc<ApiClient>]) -> Run {
             .collect(),
     );
     for pool in pools.iter() {
-        let count = rng.range(1, u64::from(workload.max_count)) as u32;
+        let count = rng.range(
+            u64::from(workload.min_count.max(1)),
+            u64::from(workload.max_count),
+        ) as u32;
         call(
             &instances[0],
             &history,
@@ -338,13 +355,19 @@ impl Client {
                 self.send(pool, Call::Return { lease }).await;
             }
             Kind::Resize => {
-                let count = self.rng.range(0, u64::from(self.workload.max_count)) as u32;
+                let count = self.rng.range(
+                    u64::from(self.workload.min_count),
+                    u64::from(self.workload.max_count),
+                ) as u32;
                 self.send(pool, Call::Register { count }).await;
             }
             Kind::Inspect => self.inspect(pool).await,
             Kind::DeleteAndRegister => {
                 self.send(pool, Call::Delete).await;
-                let count = self.rng.range(1, u64::from(self.workload.max_count)) as u32;
+                let count = self.rng.range(
+                    u64::from(self.workload.min_count.max(1)),
+                    u64::from(self.workload.max_count),
+                ) as u32;
                 self.send(pool, Call::Register { count }).await;
             }
             Kind::BorrowGivingUp => self.borrow_giving_up(pool).await,

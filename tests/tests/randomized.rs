@@ -312,6 +312,27 @@ async fn dynamodb_dying_waiters_strand_at_most_their_ttl() {
     assert!(orphans.slot_ms <= orphans.leases.len() as u64 * LIMITS.max_ttl_ms);
 }
 
+/// Pools larger than their clients (issue #33): borrowers mostly find free
+/// slots, race for them, and join behind waiters when they lose; expiries,
+/// give-ups and resizes as in the mix above.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_store_with_room_to_spare_random_history_is_correct() {
+    let truth = Arc::new(Truth::default());
+    let store = recorded(memory_store(), &truth);
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let clean = ApiClient::new(store, LIMITS);
+    let workload = Workload::new(seed(), operations(3000)).with_room();
+    run_and_check("memory+room", workload, &apis, &truth, &clean, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_with_room_to_spare_random_history_is_correct() {
+    let truth = Arc::new(Truth::default());
+    let (apis, clean) = dynamodb_instances(&truth).await;
+    let workload = Workload::new(seed(), operations(3000)).with_room();
+    run_and_check("dynamodb+room", workload, &apis, &truth, &clean, false).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
