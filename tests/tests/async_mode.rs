@@ -45,6 +45,7 @@ on_both_stores!(
     a_ticket_cancelled_while_its_admission_lands_is_never_served,
     a_backlog_that_cannot_change_wakes_nobody,
     a_full_backlog_refuses_tickets_with_a_409_naming_its_limit,
+    a_borrower_that_could_not_wait_takes_a_spare_slot_over_waiters,
 );
 
 /// What the receiver got: the Authorization header and the JSON body.
@@ -1188,4 +1189,69 @@ async fn a_full_backlog_refuses_tickets_with_a_409_naming_its_limit(backend: Bac
         .expect("step");
     let (status, body) = enqueue(&api, &pool, &lease(), hook, 600.0).await;
     assert_eq!(status, 202, "{body}");
+}
+
+/// A pool of 3 with one slot held and one async ticket waiting (admitted to
+/// the queue by one step; no dispatcher runs, so nobody hands the two spare
+/// slots on).
+async fn spare_slots_behind_a_ticket(api: &ApiClient) -> String {
+    let (pool, key, _) = pool_with_tickets(api, 1, 0).await;
+    api.borrow(&pool, 30.0, 0.0).await;
+    let (status, _) = enqueue(api, &pool, &lease(), "http://127.0.0.1:9/hook", 600.0).await;
+    assert_eq!(status, 202);
+    api.service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    api.register(&pool, 3).await;
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(
+        (state["available"].as_u64(), state["waiting"].as_u64()),
+        (Some(2), Some(1))
+    );
+    pool
+}
+
+/// A borrower that may wait joins behind waiting tickets even when slots are
+/// spare (the queue's head hands them on). One that could not wait takes a
+/// spare slot instead, as it always could: when the queue is full, and when
+/// the service's waiting budget is in use (a borrow that gets a free slot at
+/// once is never refused for the budget).
+async fn a_borrower_that_could_not_wait_takes_a_spare_slot_over_waiters(backend: Backend) {
+    let takes = |api: Arc<ApiClient>, pool: String| async move {
+        let (status, body) = api.borrow(&pool, 30.0, 2.0).await;
+        assert_eq!(
+            (status, body["position"].as_u64()),
+            (200, Some(1)),
+            "{body}"
+        );
+        let (_, state) = api.inspect(&pool).await;
+        assert_eq!(state["waiting"], 1, "the ticket still waits: {state}");
+    };
+    // The queue full (1 of 1).
+    let limits = Limits {
+        max_waiters: 1,
+        ..Limits::default()
+    };
+    let api = Arc::new(undispatched_with(backend, limits).await);
+    let pool = spare_slots_behind_a_ticket(&api).await;
+    takes(api, pool).await;
+    // The budget's one pass held by a waiter on a full pool.
+    let limits = Limits {
+        waiting_budget: 1,
+        ..Limits::default()
+    };
+    let api = Arc::new(undispatched_with(backend, limits).await);
+    let pool = spare_slots_behind_a_ticket(&api).await;
+    let full = pool_id();
+    api.register(&full, 1).await;
+    api.borrow(&full, 30.0, 0.0).await;
+    let budget_holder = {
+        let (api, full) = (api.clone(), full.clone());
+        tokio::spawn(async move { api.borrow(&full, 30.0, 3.0).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    takes(api, pool).await;
+    let (status, _) = budget_holder.await.expect("waiter");
+    assert_eq!(status, 409);
 }

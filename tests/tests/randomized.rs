@@ -313,8 +313,8 @@ async fn dynamodb_dying_waiters_strand_at_most_their_ttl() {
 }
 
 /// Pools larger than their clients (issue #33): borrowers mostly find free
-/// slots, race for them, and join behind waiters when they lose; expiries,
-/// give-ups and resizes as in the mix above.
+/// slots and take them, or join behind waiters and are handed spare ones;
+/// expiries, give-ups and resizes as in the mix above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn memory_store_with_room_to_spare_random_history_is_correct() {
     let truth = Arc::new(Truth::default());

@@ -249,6 +249,7 @@ impl Borrower<'_> {
         // A borrower that may wait and lost a take joins the queue instead of
         // racing for the next free slot (joins never collide).
         let mut take = true;
+        let mut take_now = false;
         loop {
             if record.incarnation != incarnation {
                 // Deleted (and maybe registered again) while we were at it.
@@ -265,10 +266,17 @@ impl Borrower<'_> {
             }
             let now = now_ms();
             let may_wait = Instant::now() < self.give_up;
+            let state = record.pool.state(now);
+            let waiting = state.waiting as usize;
+            // More slots free than borrowers wait.
+            let spare = state.available as usize > waiting;
             // A borrower that may wait joins behind live waiters rather than
             // take a spare slot over the queue's changing tail (a join never
             // collides); the queue's head hands the free slots on in order.
-            let may_take = !may_wait || (take && record.pool.waiting(now) == 0);
+            // It takes one when it could not wait: the queue is full, or the
+            // service's waiting budget is in use (`take_now`).
+            let may_take =
+                !may_wait || (take && (waiting == 0 || waiting >= self.max_waiters || take_now));
             let plan = record.pool.plan_borrow_or_join(
                 self.holder,
                 self.give_up_ms,
@@ -300,7 +308,16 @@ impl Borrower<'_> {
                         // `wait: 0` (or no time left): no waiting at all.
                         return Err(Error::Exhausted);
                     }
-                    self.enter_waiting_room(ctx, pass).await?;
+                    match self.enter_waiting_room(ctx, pass).await {
+                        Ok(()) => {}
+                        // A borrower that gets a free slot at once is never
+                        // refused for the budget: it takes the spare one.
+                        Err(Error::Busy { .. }) if spare && take => {
+                            take_now = true;
+                            continue;
+                        }
+                        Err(error) => return Err(error),
+                    }
                     let joined = write(ctx, &self.key, &record, &update, &mut lost).await?;
                     if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
                         return Ok(Placed::Queued(joined, self.holder, now));
@@ -335,6 +352,8 @@ impl Borrower<'_> {
                 return Err(Error::PoolNotFound);
             }
             let now = now_ms();
+            // Read once: a waiter owed a slot hands it on before it gives up.
+            let ending = Instant::now() >= self.give_up;
             let (ahead, needed) = match record.pool.plan_wait(&mine, joined_ms, now) {
                 WaitPlan::Granted(lease) => return Ok(self.grant(&lease, now, false)),
                 // Cancelled by a return of its lease id, or pruned as dead.
@@ -343,7 +362,7 @@ impl Borrower<'_> {
                     duty: Some(update),
                     ahead,
                     ..
-                } if ahead == 0 || owed_before || Instant::now() >= self.give_up => {
+                } if ahead == 0 || owed_before || ending => {
                     owed_before = false;
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
                     continue;
@@ -368,7 +387,7 @@ impl Borrower<'_> {
                     (ahead, needed)
                 }
             };
-            if Instant::now() >= self.give_up {
+            if ending {
                 return self
                     .give_up(ctx, incarnation, record, mine, joined_ms)
                     .await;

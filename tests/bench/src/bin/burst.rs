@@ -446,14 +446,15 @@ async fn http_call(
 fn ideal_drain(answered: &[(u64, Duration)], count: u16, hold: Duration) -> Duration {
     let mut arrivals = answered.to_vec();
     arrivals.sort_by_key(|(ticket, _)| *ticket);
-    // Each slot's next free instant; the earliest serves the next ticket.
+    // Each slot's next free instant; the earliest serves the next ticket,
+    // never before the one numbered before it started.
     let mut free = vec![Duration::ZERO; usize::from(count.max(1))];
-    let mut last = Duration::ZERO;
+    let (mut last, mut started) = (Duration::ZERO, Duration::ZERO);
     for (_, at) in arrivals {
         let slot = (0..free.len()).min_by_key(|&i| free[i]).unwrap_or(0);
-        let end = free[slot].max(at) + hold;
-        free[slot] = end;
-        last = last.max(end);
+        started = free[slot].max(at).max(started);
+        free[slot] = started + hold;
+        last = last.max(free[slot]);
     }
     last
 }
@@ -473,5 +474,7 @@ mod tests {
         // Served in number order whatever order the answers came in.
         let shuffled = vec![(1, ms(0)), (0, ms(300))];
         assert_eq!(ideal_drain(&shuffled, 1, ms(50)), ms(400));
+        // And never before the ticket numbered before it, a slot free or not.
+        assert_eq!(ideal_drain(&shuffled, 2, ms(50)), ms(350));
     }
 }
