@@ -34,6 +34,14 @@ const LIMITS: Limits = Limits {
     waiting_budget: 0,
 };
 
+/// The room regime's clamps: ttls are not clamped (they stay at most 400 ms),
+/// so that its after-run check can hold a pool's full count (up to 24) at
+/// once on a loaded machine.
+const ROOM_LIMITS: Limits = Limits {
+    max_ttl_ms: 3_000,
+    ..LIMITS
+};
+
 fn seed() -> u64 {
     let seed = match std::env::var("SEMAPHORE_SEED") {
         Ok(raw) => raw
@@ -60,30 +68,33 @@ fn recorded(store: Arc<dyn PoolStore>, truth: &Arc<Truth>) -> Arc<dyn PoolStore>
     Arc::new(Recorder::new(store, truth.clone()))
 }
 
-fn instances(stores: Vec<Arc<dyn PoolStore>>) -> Vec<Arc<ApiClient>> {
+fn instances(stores: Vec<Arc<dyn PoolStore>>, limits: Limits) -> Vec<Arc<ApiClient>> {
     stores
         .into_iter()
-        .map(|store| Arc::new(ApiClient::new(store, LIMITS)))
+        .map(|store| Arc::new(ApiClient::new(store, limits)))
         .collect()
 }
 
 /// [`INSTANCES`] service instances on DynamoDB Local, each store recorded in
 /// `truth`, and a clean one (unrecorded) to settle and verify with.
-async fn dynamodb_instances(truth: &Arc<Truth>) -> (Vec<Arc<ApiClient>>, ApiClient) {
+async fn dynamodb_instances(
+    truth: &Arc<Truth>,
+    limits: Limits,
+) -> (Vec<Arc<ApiClient>>, ApiClient) {
     let mut stores = Vec::new();
     for _ in 0..INSTANCES {
         stores.push(recorded(dynamodb_store().await, truth));
     }
     (
-        instances(stores),
-        ApiClient::new(dynamodb_store().await, LIMITS),
+        instances(stores, limits),
+        ApiClient::new(dynamodb_store().await, limits),
     )
 }
 
-fn config(faults: bool) -> CheckConfig {
+fn config(faults: bool, limits: Limits) -> CheckConfig {
     CheckConfig {
-        max_ttl_ms: LIMITS.max_ttl_ms,
-        max_wait_ms: LIMITS.max_wait_ms,
+        max_ttl_ms: limits.max_ttl_ms,
+        max_wait_ms: limits.max_wait_ms,
         wakeup_tolerance_ms: 250,
         faults,
     }
@@ -116,6 +127,8 @@ async fn run_and_check_orphans(
     faults: bool,
     dying: bool,
 ) -> (Vec<Op>, truth::Orphans) {
+    // The clamps the run's instances and the clean one share.
+    let limits = clean.service.limits();
     let run = workload::run(&workload, instances).await;
     let history = History::new();
     for op in run.ops {
@@ -124,14 +137,14 @@ async fn run_and_check_orphans(
     for (caller, index) in run.callers {
         history.note_caller(caller, index);
     }
-    settle_and_verify(&workload, &run.pools, clean, &history).await;
+    settle_and_verify(&workload, &run.pools, clean, &history, limits).await;
     let ops = history.snapshot();
     if let Ok(path) = std::env::var("SEMAPHORE_DUMP") {
         let lines: Vec<String> = ops.iter().map(|o| format!("{o:?}")).collect();
         std::fs::write(format!("{path}.{name}"), lines.join("\n")).expect("dump");
     }
     let checked = std::time::Instant::now();
-    let violations = check(&ops, &config(faults));
+    let violations = check(&ops, &config(faults, limits));
     let mut latencies: Vec<u64> = ops.iter().map(|o| o.response_ms - o.invoke_ms).collect();
     latencies.sort_unstable();
     eprintln!(
@@ -170,7 +183,7 @@ async fn run_and_check_orphans(
         let ticket_ends = dead.invoke_ms + wait_ms + 1000 + semaphore::domain::TICKET_GRACE_MS;
         dying
             && l.granted_ms <= ticket_ends
-            && l.expires_at_ms.saturating_sub(l.granted_ms) <= LIMITS.max_ttl_ms
+            && l.expires_at_ms.saturating_sub(l.granted_ms) <= limits.max_ttl_ms
     };
     let described: Vec<String> = orphans
         .leases
@@ -207,13 +220,14 @@ async fn settle_and_verify(
     pools: &[String],
     clean: &ApiClient,
     history: &History,
+    limits: Limits,
 ) {
     let client = workload.clients + 1;
     // A ticket whose owner is gone (died, or failed to cancel) can be handed
     // a slot until its give-up time (rounded up to a second) and a second of
     // grace; that lease then runs its ttl.
-    let last_grant = LIMITS.max_wait_ms + 1000 + semaphore::domain::TICKET_GRACE_MS;
-    tokio::time::sleep(Duration::from_millis(last_grant + LIMITS.max_ttl_ms + 100)).await;
+    let last_grant = limits.max_wait_ms + 1000 + semaphore::domain::TICKET_GRACE_MS;
+    tokio::time::sleep(Duration::from_millis(last_grant + limits.max_ttl_ms + 100)).await;
     for pool in pools {
         let (status, body) = workload::call(clean, history, client, pool, Call::Inspect).await;
         assert!(
@@ -273,7 +287,7 @@ async fn memory_store_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
     let store = recorded(memory_store(), &truth);
     // One database, several service instances over it.
-    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect(), LIMITS);
     let clean = ApiClient::new(store, LIMITS);
     let workload = Workload::new(seed(), operations(3000));
     run_and_check("memory", workload, &apis, &truth, &clean, false).await;
@@ -286,7 +300,7 @@ async fn memory_store_random_history_is_correct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_dying_waiters_strand_at_most_their_ttl() {
     let truth = Arc::new(Truth::default());
-    let (apis, clean) = dynamodb_instances(&truth).await;
+    let (apis, clean) = dynamodb_instances(&truth, LIMITS).await;
     let workload = Workload::new(seed(), operations(3000)).with_dying_waiters(6);
     let (ops, orphans) = run_and_check_orphans(
         "dynamodb+dying",
@@ -319,8 +333,8 @@ async fn dynamodb_dying_waiters_strand_at_most_their_ttl() {
 async fn memory_store_with_room_to_spare_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
     let store = recorded(memory_store(), &truth);
-    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
-    let clean = ApiClient::new(store, LIMITS);
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect(), ROOM_LIMITS);
+    let clean = ApiClient::new(store, ROOM_LIMITS);
     let workload = Workload::new(seed(), operations(3000)).with_room();
     run_and_check("memory+room", workload, &apis, &truth, &clean, false).await;
 }
@@ -328,7 +342,7 @@ async fn memory_store_with_room_to_spare_random_history_is_correct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_with_room_to_spare_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
-    let (apis, clean) = dynamodb_instances(&truth).await;
+    let (apis, clean) = dynamodb_instances(&truth, ROOM_LIMITS).await;
     let workload = Workload::new(seed(), operations(3000)).with_room();
     run_and_check("dynamodb+room", workload, &apis, &truth, &clean, false).await;
 }
@@ -336,7 +350,7 @@ async fn dynamodb_with_room_to_spare_random_history_is_correct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
-    let (apis, clean) = dynamodb_instances(&truth).await;
+    let (apis, clean) = dynamodb_instances(&truth, LIMITS).await;
     let workload = Workload::new(seed(), operations(3000));
     run_and_check("dynamodb", workload, &apis, &truth, &clean, false).await;
 }
@@ -366,7 +380,7 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
         );
         stores.push(Arc::new(faulty));
     }
-    let apis = instances(stores);
+    let apis = instances(stores, LIMITS);
     let clean = ApiClient::new(dynamodb_store().await, LIMITS);
     let mut workload = Workload::new(seed, operations(2000));
     // Own leases returned more often: every 200 must name a stored lease.
@@ -397,10 +411,10 @@ async fn dynamodb_with_store_faults_random_history_is_correct() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn checker_catches_a_store_that_ignores_conditions() {
     let store: Arc<dyn PoolStore> = Arc::new(Forward(broken::IgnoresConditions(memory_store())));
-    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect(), LIMITS);
     let workload = Workload::new(seed(), 1500);
     let run = workload::run(&workload, &apis).await;
-    let violations = check(&run.ops, &config(false));
+    let violations = check(&run.ops, &config(false, LIMITS));
     let rules: std::collections::BTreeSet<_> = violations.iter().map(|v| v.rule).collect();
     eprintln!(
         "ignores conditions: {} violations, rules {rules:?}",
@@ -428,13 +442,14 @@ async fn checker_catches_a_store_with_stale_reads() {
                 Arc::new(Forward(broken::StaleReads::new(shared.clone()))) as Arc<dyn PoolStore>
             })
             .collect(),
+        LIMITS,
     );
     let mut workload = Workload::new(seed(), 1500);
     // No waiting borrowers: with waiters around, a refused newcomer may owe
     // the free slot to one of them; without, it owes it to nobody.
     workload.weights[workload::Kind::BorrowWaiting as usize] = 0;
     let run = workload::run(&workload, &apis).await;
-    let violations = check(&run.ops, &config(false));
+    let violations = check(&run.ops, &config(false, LIMITS));
     let rules: std::collections::BTreeSet<_> = violations.iter().map(|v| v.rule).collect();
     eprintln!(
         "stale reads: {} violations, rules {rules:?}",
@@ -455,7 +470,7 @@ async fn orphans_are_found_when_landed_writes_go_unseen() {
     let truth = Arc::new(Truth::default());
     let store = recorded(memory_store(), &truth);
     let store: Arc<dyn PoolStore> = Arc::new(Forward(broken::HidesLandedGrants::new(store)));
-    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let apis = instances((0..INSTANCES).map(|_| store.clone()).collect(), LIMITS);
     let mut workload = Workload::new(seed(), 1500);
     // No waiting borrowers: one that waits past its hidden lease's ttl
     // answers after the orphan has expired (0 ms), which left this test
