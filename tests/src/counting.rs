@@ -39,6 +39,39 @@ pub struct Counters {
     pub reported_milli: Arc<AtomicU64>,
     /// Every attempt on the wire, by operation and outcome (see [`Outcome`]).
     pub wire: Mutex<BTreeMap<(String, Outcome), u64>>,
+    /// What DynamoDB bills, read off the wire (× 1000): each answer's
+    /// `ConsumedCapacity`, and each failed conditional write at the size of
+    /// the item it handed back (DynamoDB Local reports no capacity for
+    /// those). Split by the phase the caller was in (see [`IN_RETURN`]).
+    pub billed: Mutex<Billed>,
+}
+
+/// Capacity units billed on the wire, × 1000, by phase.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Billed {
+    pub borrow_wcu_milli: u64,
+    pub borrow_rcu_milli: u64,
+    pub return_wcu_milli: u64,
+    pub return_rcu_milli: u64,
+}
+
+impl Billed {
+    pub fn since(&self, before: &Billed) -> Billed {
+        Billed {
+            borrow_wcu_milli: self.borrow_wcu_milli - before.borrow_wcu_milli,
+            borrow_rcu_milli: self.borrow_rcu_milli - before.borrow_rcu_milli,
+            return_wcu_milli: self.return_wcu_milli - before.return_wcu_milli,
+            return_rcu_milli: self.return_rcu_milli - before.return_rcu_milli,
+        }
+    }
+
+    pub fn wcu_milli(&self) -> u64 {
+        self.borrow_wcu_milli + self.return_wcu_milli
+    }
+
+    pub fn rcu_milli(&self) -> u64 {
+        self.borrow_rcu_milli + self.return_rcu_milli
+    }
 }
 
 /// How one HTTP attempt ended.
@@ -82,6 +115,11 @@ impl Counters {
             .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
             .filter(|(_, n)| *n > 0)
             .collect()
+    }
+
+    /// The capacity billed on the wire so far.
+    pub fn billed(&self) -> Billed {
+        *self.billed.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn snapshot(&self) -> Snapshot {
@@ -235,18 +273,29 @@ impl Intercept for HttpCounter {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&tokio::task::try_id())
             .unwrap_or_else(|| "?".to_string());
+        let body = context
+            .response()
+            .and_then(|r| r.body().bytes())
+            .unwrap_or_default();
         let outcome = match context.response() {
             Some(response) if response.status().is_success() => Outcome::Ok,
-            Some(response) => {
-                let body = response.body().bytes().unwrap_or_default();
-                if String::from_utf8_lossy(body).contains("ConditionalCheckFailed") {
-                    Outcome::ConditionFailed
-                } else {
-                    Outcome::Failed
-                }
+            Some(_) if String::from_utf8_lossy(body).contains("ConditionalCheckFailed") => {
+                Outcome::ConditionFailed
             }
-            None => Outcome::Failed,
+            _ => Outcome::Failed,
         };
+        let milli = billed_milli(body, outcome);
+        if milli > 0 {
+            let reading = matches!(operation.as_str(), "GetItem" | "Query" | "BatchGetItem");
+            let in_return = IN_RETURN.try_with(|r| *r).unwrap_or(false);
+            let mut billed = self.0.billed.lock().unwrap_or_else(|e| e.into_inner());
+            *match (reading, in_return) {
+                (false, false) => &mut billed.borrow_wcu_milli,
+                (true, false) => &mut billed.borrow_rcu_milli,
+                (false, true) => &mut billed.return_wcu_milli,
+                (true, true) => &mut billed.return_rcu_milli,
+            } += milli;
+        }
         *self
             .0
             .wire
@@ -256,6 +305,85 @@ impl Intercept for HttpCounter {
             .or_default() += 1;
         Ok(())
     }
+}
+
+/// The units (× 1000) one answer bills: its `ConsumedCapacity` (asked for
+/// on every call the bench makes), or, for a failed conditional write, one
+/// write unit per started KB of the item it handed back (`ALL_OLD`; one
+/// unit when there is none), by DynamoDB's size rules.
+pub fn billed_milli(body: &[u8], outcome: Outcome) -> u64 {
+    let Ok(json) = serde_json::from_slice::<serde_json::Value>(body) else {
+        return 0;
+    };
+    match outcome {
+        Outcome::Ok => json
+            .get("ConsumedCapacity")
+            .and_then(|c| c.get("CapacityUnits"))
+            .and_then(serde_json::Value::as_f64)
+            .map_or(0, |units| (units * 1000.0).round() as u64),
+        Outcome::ConditionFailed => {
+            let size = json
+                .get("Item")
+                .and_then(serde_json::Value::as_object)
+                .map_or(0, |item| {
+                    item.iter()
+                        .map(|(name, value)| name.len() + wire_value_size(value))
+                        .sum()
+                });
+            write_units(size) * 1000
+        }
+        Outcome::Failed => 0,
+    }
+}
+
+/// One attribute value's size as DynamoDB bills it, from its JSON form
+/// (`{"N": "12"}`, `{"B": "<base64>"}`, `{"L": [...]}`, …).
+fn wire_value_size(value: &serde_json::Value) -> usize {
+    let Some((kind, inner)) = value.as_object().and_then(|o| o.iter().next()) else {
+        return 0;
+    };
+    let text = inner.as_str().unwrap_or("");
+    match kind.as_str() {
+        "S" => text.len(),
+        "N" => number_size(text),
+        "B" => base64_len(text),
+        "M" => {
+            3 + inner.as_object().map_or(0, |m| {
+                m.iter()
+                    .map(|(k, v)| k.len() + wire_value_size(v) + 1)
+                    .sum::<usize>()
+            })
+        }
+        "L" => {
+            3 + inner.as_array().map_or(0, |l| {
+                l.iter().map(|v| wire_value_size(v) + 1).sum::<usize>()
+            })
+        }
+        "SS" => strings(inner).map(str::len).sum(),
+        "NS" => strings(inner).map(number_size).sum(),
+        "BS" => strings(inner).map(base64_len).sum(),
+        _ => 1,
+    }
+}
+
+fn strings(value: &serde_json::Value) -> impl Iterator<Item = &str> {
+    value
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(serde_json::Value::as_str)
+}
+
+fn number_size(n: &str) -> usize {
+    let digits: String = n.chars().filter(char::is_ascii_digit).collect();
+    let significant = digits.trim_start_matches('0').trim_end_matches('0');
+    significant.len().div_ceil(2) + 1
+}
+
+/// Decoded length of standard padded base64.
+fn base64_len(text: &str) -> usize {
+    let padding = text.bytes().rev().take_while(|&b| b == b'=').count();
+    (text.len() / 4 * 3).saturating_sub(padding)
 }
 
 /// The billing model: 1 WCU per started KB of the larger of the old and new
@@ -396,6 +524,23 @@ mod tests {
         assert_eq!(write_units(1025), 2);
         assert_eq!(read_units(4096), 1);
         assert_eq!(read_units(4097), 2);
+    }
+
+    /// The wire's own sizes agree with the store's size rules: a failed
+    /// write is billed at the item it hands back.
+    #[test]
+    fn a_failed_write_is_billed_at_the_size_of_the_item_it_hands_back() {
+        // "pk" 2 + 1 byte; "n" 1 + 3 (two digit pairs and one); "l" 1 + 3 +
+        // two elements of 1 + 1: 15 bytes, one write unit.
+        let body = br#"{"__type":"x#ConditionalCheckFailedException","Item":{"pk":{"B":"AA=="},"n":{"N":"1234"},"l":{"L":[{"BOOL":true},{"NULL":true}]}}}"#;
+        assert_eq!(wire_value_size(&serde_json::json!({"B": "AA=="})), 1);
+        assert_eq!(wire_value_size(&serde_json::json!({"N": "1234"})), 3);
+        assert_eq!(billed_milli(body, Outcome::ConditionFailed), 1000);
+        let big = format!(r#"{{"Item":{{"s":{{"S":"{}"}}}}}}"#, "x".repeat(2048));
+        assert_eq!(billed_milli(big.as_bytes(), Outcome::ConditionFailed), 3000);
+        let ok = br#"{"ConsumedCapacity":{"CapacityUnits":24.0,"TableName":"t"}}"#;
+        assert_eq!(billed_milli(ok, Outcome::Ok), 24000);
+        assert_eq!(billed_milli(b"not json", Outcome::Failed), 0);
     }
 
     #[test]

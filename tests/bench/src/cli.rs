@@ -79,7 +79,10 @@ pub struct Args {
     pub strategies: Vec<Strategy>,
 
     /// Pools with room to spare: COUNT:HELD:CLIENTS each, clients cycling on
-    /// a pool of COUNT with HELD slots held throughout (the `room` section,
+    /// a pool of COUNT with HELD slots held throughout; COUNT:churn:CLIENTS,
+    /// every slot churning (the pool filled with leases ending throughout
+    /// the run, clients borrowing leases of 1–3 s, half returned, half left
+    /// to expire), billed per grant (the `room` section,
     /// strategy new, at the largest --latency-ms) [default:
     /// 32:0:1,32:0:4,32:0:8,32:0:16,32:0:32,64:0:32,32:22:16; smoke: 8:2:4].
     #[arg(long, value_name = "C:H:N,…", value_delimiter = ',', value_parser = room_shape)]
@@ -128,12 +131,14 @@ pub enum Section {
 }
 
 /// A pool of `count` slots, `held` of them held throughout, and `clients`
-/// cycling on it.
+/// cycling on it; or, with `churn`, nothing held before the run and every
+/// slot churning (short leases, half of them abandoned to expire).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RoomShape {
     pub count: u16,
     pub held: u16,
     pub clients: usize,
+    pub churn: bool,
 }
 
 /// The default rows of the `room` section.
@@ -142,44 +147,54 @@ pub const ROOM_DEFAULT: [RoomShape; 7] = [
         count: 32,
         held: 0,
         clients: 1,
+        churn: false,
     },
     RoomShape {
         count: 32,
         held: 0,
         clients: 4,
+        churn: false,
     },
     RoomShape {
         count: 32,
         held: 0,
         clients: 8,
+        churn: false,
     },
     RoomShape {
         count: 32,
         held: 0,
         clients: 16,
+        churn: false,
     },
     RoomShape {
         count: 32,
         held: 0,
         clients: 32,
+        churn: false,
     },
     RoomShape {
         count: 64,
         held: 0,
         clients: 32,
+        churn: false,
     },
     RoomShape {
         count: 32,
         held: 22,
         clients: 16,
+        churn: false,
     },
 ];
 
 fn room_shape(text: &str) -> Result<RoomShape, String> {
     let parts: Vec<&str> = text.split(':').collect();
     let [count, held, clients] = parts[..] else {
-        return Err(format!("{text:?}: COUNT:HELD:CLIENTS, e.g. 32:22:16"));
+        return Err(format!(
+            "{text:?}: COUNT:HELD:CLIENTS or COUNT:churn:CLIENTS, e.g. 32:22:16"
+        ));
     };
+    let churn = held.trim() == "churn";
     let number = |what: &str, s: &str| {
         s.trim()
             .parse::<u16>()
@@ -187,8 +202,9 @@ fn room_shape(text: &str) -> Result<RoomShape, String> {
     };
     let shape = RoomShape {
         count: number("count", count)?,
-        held: number("held", held)?,
+        held: if churn { 0 } else { number("held", held)? },
         clients: usize::from(number("clients", clients)?),
+        churn,
     };
     if shape.count == 0 || shape.count > 1000 {
         return Err(format!("count {}: 1…1000", shape.count));
@@ -369,7 +385,7 @@ mod tests {
     #[test]
     fn room_rows_are_count_held_clients() {
         assert_eq!(run("").room, None, "the profile's rows");
-        let args = run("--room 32:22:16,1000:990:64 --only room");
+        let args = run("--room 32:22:16,1000:990:64,1000:churn:64 --only room");
         assert!(args.runs(Section::Room) && !args.runs(Section::Contention));
         assert_eq!(
             args.room,
@@ -377,12 +393,20 @@ mod tests {
                 RoomShape {
                     count: 32,
                     held: 22,
-                    clients: 16
+                    clients: 16,
+                    churn: false,
                 },
                 RoomShape {
                     count: 1000,
                     held: 990,
-                    clients: 64
+                    clients: 64,
+                    churn: false,
+                },
+                RoomShape {
+                    count: 1000,
+                    held: 0,
+                    clients: 64,
+                    churn: true,
                 },
             ])
         );

@@ -66,6 +66,7 @@ impl Plan {
                     count: 8,
                     held: 2,
                     clients: 4,
+                    churn: false,
                 }],
                 // Long enough for naive to finish cycles at 16 clients, +8 ms,
                 // on a debug build.
@@ -293,10 +294,14 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
             let delayed = with_latency(env, read_latency);
             for &shape in &plan.room {
                 progress(&format!(
-                    "{name}: room to spare, +{} ms, count {} with {} held, C={}",
+                    "{name}: room to spare, +{} ms, count {} with {}, C={}",
                     read_latency.as_millis(),
                     shape.count,
-                    shape.held,
+                    if shape.churn {
+                        "every slot churning".to_string()
+                    } else {
+                        format!("{} held", shape.held)
+                    },
                     shape.clients
                 ));
                 room.push(
@@ -309,6 +314,7 @@ async fn run(args: &Args, endpoint: &str, started: bool) -> Result<Report, Strin
                         Shape {
                             count: shape.count,
                             held: shape.held,
+                            churn: shape.churn,
                         },
                     )
                     .await?,

@@ -91,6 +91,8 @@ pub struct ContentionRow {
     pub count: u16,
     /// Slots held throughout the run by nobody cycling.
     pub held: u16,
+    /// Every slot churning instead (see `Shape`).
+    pub churn: bool,
     /// How long each client held its lease before returning it.
     pub hold_ms: u64,
     pub seconds: f64,
@@ -121,6 +123,20 @@ pub struct ContentionRow {
     /// Borrow latency of granted borrows, waiting included.
     pub borrow: Summary,
     pub writes_by_kind: Vec<WriteTally>,
+    /// Capacity billed on the wire per cycle (DynamoDB only).
+    pub billed: Option<BilledRow>,
+}
+
+/// Capacity units DynamoDB billed per cycle (per grant), read off the
+/// wire: borrows (their waiting included) and returns apart.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct BilledRow {
+    pub borrow_wcu: f64,
+    pub return_wcu: f64,
+    pub wcu: f64,
+    pub borrow_rcu: f64,
+    pub return_rcu: f64,
+    pub rcu: f64,
 }
 
 /// What a million borrow+return cycles cost at on-demand prices.
@@ -772,10 +788,14 @@ impl Report {
         let _ = writeln!(
             md,
             "\n### Pools with room to spare: C clients cycling borrow → hold {} ms → return on a pool of count N with H slots held throughout, {} s each\n\n\
-             Billed writes: write units as DynamoDB bills them, a lost conditional write at its item's size. \
+             Billed: capacity units as DynamoDB bills them, read off the wire (each answer's consumed capacity, \
+             a lost conditional write at the size of the item it handed back), per cycle and apart for the borrow \
+             (its waiting included) and the return; on the in-memory store, the size model. \
+             \"churn\": every slot held before the run by a lease ending at a random time during it, and \
+             the clients' leases last 1–3 s, half returned and half left to expire; a cycle is then a grant. At 1,000 WCU/s: the cycles a second one partition's write capacity allows. \
              The lone borrower's p50 is the same store's 1-client row on a pool of the same count.\n\n\
-             | store | +ms | count | held | clients | cycles/s | billed writes / cycle | successful writes / write | borrow p50 ms | borrow p99 ms | p50 ÷ lone p50 | timeouts | errors |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|",
+             | store | +ms | count | held | clients | cycles/s | billed WCU / cycle | borrow / return WCU | RCU / cycle | borrow / return RCU | successful writes / write | cycles/s at 1,000 WCU/s | borrow p50 ms | borrow p99 ms | p50 ÷ lone p50 | timeouts | errors |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             self.meta.contention_hold_ms, self.meta.contention_seconds
         );
         for r in &self.room {
@@ -783,24 +803,56 @@ impl Report {
                 .room
                 .iter()
                 .find(|o| {
-                    o.backend == r.backend && o.count == r.count && o.held == 0 && o.clients == 1
+                    o.backend == r.backend
+                        && o.count == r.count
+                        && o.held == 0
+                        && !o.churn
+                        && o.clients == 1
                 })
                 .map(|o| o.borrow.p50_ms)
                 .filter(|p| *p > 0.0);
             let ratio = lone.map_or("–".to_string(), |lone| {
                 format!("{:.2}", r.borrow.p50_ms / lone)
             });
+            let held = if r.churn {
+                "churn".to_string()
+            } else {
+                r.held.to_string()
+            };
+            let (wcu, rcu, split_w, split_r) = match r.billed {
+                Some(b) => (
+                    b.wcu,
+                    b.rcu,
+                    format!("{:.2} / {:.2}", b.borrow_wcu, b.return_wcu),
+                    format!("{:.2} / {:.2}", b.borrow_rcu, b.return_rcu),
+                ),
+                None => (
+                    r.model_wcu_per_cycle,
+                    r.model_rcu_per_cycle,
+                    "–".into(),
+                    "–".into(),
+                ),
+            };
+            let ceiling = if wcu > 0.0 {
+                format!("{:.0}", 1000.0 / wcu)
+            } else {
+                "–".into()
+            };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {:.2} | {:.1} | {:.1} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.2} | {} | {:.2} | {} | {:.1} | {:.1} | {} | {} | {} |",
                 r.backend,
                 r.latency_ms,
                 r.count,
-                r.held,
+                held,
                 r.clients,
                 r.cycles_per_s,
-                r.model_wcu_per_cycle,
+                wcu,
+                split_w,
+                rcu,
+                split_r,
                 r.successes_per_attempt,
+                ceiling,
                 r.borrow.p50_ms,
                 r.borrow.p99_ms,
                 ratio,
@@ -830,8 +882,16 @@ impl Report {
             .chain(self.room.iter().filter(|r| r.clients >= 16).map(|r| {
                 (
                     format!(
-                        "{} | +{} | count {} held {} C={}",
-                        r.backend, r.latency_ms, r.count, r.held, r.clients
+                        "{} | +{} | count {} {} C={}",
+                        r.backend,
+                        r.latency_ms,
+                        r.count,
+                        if r.churn {
+                            "churning".to_string()
+                        } else {
+                            format!("held {}", r.held)
+                        },
+                        r.clients
                     ),
                     &r.writes_by_kind[..],
                     r.cycles as usize,

@@ -16,7 +16,7 @@ use uuid::Uuid;
 
 use crate::backend::{service_over, Backend, Breakdown};
 use crate::naive::Naive;
-use crate::report::{ContentionRow, ItemRow, OpRow, PollRow, WakeRow};
+use crate::report::{BilledRow, ContentionRow, ItemRow, OpRow, PollRow, WakeRow};
 use crate::stats::{jain, round3, summarize};
 use semaphore_tests::counting::{
     pool_item_size, read_units, write_units, Counters, Snapshot, IN_RETURN,
@@ -376,24 +376,48 @@ impl Worker {
 
     /// One borrow → hold → return cycle. `Err` only for a broken semaphore
     /// (a live lease that would not return), which ends the run.
-    async fn cycle(&self, id: PoolId, end: Instant, hold: Duration) -> Result<Outcome, String> {
+    /// One borrow → hold → return; churning, a lease of 1–3 s that is
+    /// returned only half the time (else left to expire).
+    async fn cycle(
+        &self,
+        id: PoolId,
+        end: Instant,
+        hold: Duration,
+        churn: bool,
+    ) -> Result<Outcome, String> {
         let t0 = Instant::now();
         let wait_ms = end.saturating_duration_since(t0).as_millis() as u64;
-        let granted = match self.borrow(id, LONG_TTL_MS, wait_ms.max(1)).await {
+        let ttl_ms = if churn {
+            fastrand::u64(1_000..=3_000)
+        } else {
+            LONG_TTL_MS
+        };
+        let granted = match self.borrow(id, ttl_ms, wait_ms.max(1)).await {
             Ok(Some(granted)) => granted,
             Ok(None) => return Ok(Outcome::TimedOut),
             Err(e) => return Ok(Outcome::Failed(format!("borrow: {e}"))),
         };
         let latency = ms(t0);
+        // When the lease runs out by this client's clock (a waiter may learn
+        // of a short grant late): a return after it may find it gone.
+        let runs_out = Instant::now() + Duration::from_millis(granted.left_ms);
         if !hold.is_zero() {
             // Even a zero sleep waits for the timer's next millisecond tick.
             tokio::time::sleep(hold).await;
+        }
+        if churn && fastrand::bool() {
+            return Ok(Outcome::Cycle(latency));
         }
         match IN_RETURN
             .scope(true, self.give_back(id, granted.held))
             .await
         {
             Ok(true) => Ok(Outcome::Cycle(latency)),
+            // Within a few ms of its end, the lease may be gone by the
+            // service's clock: only a lease returned well before is broken.
+            Ok(false) if Instant::now() + Duration::from_millis(5) >= runs_out => {
+                Ok(Outcome::Cycle(latency))
+            }
             Ok(false) => Err("a live lease did not return: the semaphore is broken".into()),
             Err(e) => Ok(Outcome::Failed(format!("return: {e}"))),
         }
@@ -421,15 +445,18 @@ pub async fn contention(
     let shape = Shape {
         count: CONTENTION_COUNT,
         held: 0,
+        churn: false,
     };
     contention_on(env, strategy, clients, seconds, hold, shape).await
 }
 
-/// A pool's count, and how many of its slots stay held throughout a run.
+/// A pool's count, and how many of its slots stay held throughout a run;
+/// or, with `churn`, every slot churning.
 #[derive(Clone, Copy, Debug)]
 pub struct Shape {
     pub count: u16,
     pub held: u16,
+    pub churn: bool,
 }
 
 /// [`contention`] on a pool of `shape`: its `held` slots borrowed for the
@@ -454,6 +481,18 @@ pub async fn contention_on(
             .await
             .map_err(fail("holding a slot before the run"))?;
     }
+    if shape.churn {
+        // Every slot held, the leases ending at random throughout the run
+        // (and the few seconds filling the pool takes), so that grants land
+        // all over the pool rather than on a few positions.
+        let last_ms = (seconds * 1000.0) as u64 + 10_000;
+        for _ in 0..shape.count {
+            setup
+                .borrow(id, request(fastrand::u64(1_000..=last_ms), 0), &mut call())
+                .await
+                .map_err(fail("filling the pool before the run"))?;
+        }
+    }
     let counters = Arc::new(Counters::default());
     let breakdown = Arc::new(Breakdown::default());
     let mut workers = Vec::with_capacity(clients);
@@ -461,6 +500,7 @@ pub async fn contention_on(
         workers.push(env.worker(&counters, &breakdown, strategy).await);
     }
     let before = counters.snapshot();
+    let billed_before = counters.billed();
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(seconds);
     // Steady state: the counters as the run ends, before the borrows still
@@ -470,7 +510,7 @@ pub async fn contention_on(
         let breakdown = breakdown.clone();
         tokio::spawn(async move {
             tokio::time::sleep_until(end.into()).await;
-            (counters.snapshot(), breakdown.tallies())
+            (counters.snapshot(), counters.billed(), breakdown.tallies())
         })
     };
     let tasks: Vec<_> = workers
@@ -479,7 +519,7 @@ pub async fn contention_on(
             tokio::spawn(async move {
                 let mut tally = ClientTally::default();
                 while Instant::now() < end {
-                    match worker.cycle(id, end, hold).await? {
+                    match worker.cycle(id, end, hold, shape.churn).await? {
                         // Only cycles finished within the run count.
                         Outcome::Cycle(latency) if Instant::now() <= end => {
                             tally.cycles += 1;
@@ -511,9 +551,11 @@ pub async fn contention_on(
         total.errors.extend(tally.errors);
         total.borrow_ms.extend(tally.borrow_ms);
     }
-    let (snapshot, writes_by_kind) = at_end.await.map_err(|e| format!("snapshot task: {e}"))?;
+    let (snapshot, billed_after, writes_by_kind) =
+        at_end.await.map_err(|e| format!("snapshot task: {e}"))?;
     let elapsed = seconds;
     let s = snapshot.since(&before);
+    let billed = billed_after.since(&billed_before);
     let _ = setup.delete(id, &mut call()).await;
     let attempts = s.write_attempts();
     let successes = s.writes.saturating_sub(s.conflicts);
@@ -527,6 +569,7 @@ pub async fn contention_on(
         clients,
         count: shape.count,
         held: shape.held,
+        churn: shape.churn,
         hold_ms: hold.as_millis() as u64,
         seconds: round3(elapsed),
         cycles: total.cycles,
@@ -551,6 +594,14 @@ pub async fn contention_on(
         first_error: total.errors.first().cloned(),
         borrow: summarize(&total.borrow_ms),
         writes_by_kind,
+        billed: (billed.wcu_milli() > 0).then(|| BilledRow {
+            borrow_wcu: units(billed.borrow_wcu_milli, cycles),
+            return_wcu: units(billed.return_wcu_milli, cycles),
+            wcu: units(billed.wcu_milli(), cycles),
+            borrow_rcu: units(billed.borrow_rcu_milli, cycles),
+            return_rcu: units(billed.return_rcu_milli, cycles),
+            rcu: units(billed.rcu_milli(), cycles),
+        }),
     })
 }
 

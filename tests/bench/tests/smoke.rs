@@ -160,6 +160,17 @@ fn smoke_profile_emits_a_complete_report() {
         );
         assert!(row["cycles"].as_u64() > Some(0), "{row:#}");
         assert!(row["model_wcu_per_cycle"].as_f64() >= Some(2.0), "{row:#}");
+        // On DynamoDB, billed off the wire: a borrow writes once at least
+        // and reads once, a return (of a count-8 pool, never lost) once.
+        let billed = &row["billed"];
+        if backend == "memory" {
+            assert!(billed.is_null(), "{row:#}");
+        } else {
+            assert!(billed["borrow_wcu"].as_f64() >= Some(1.0), "{row:#}");
+            assert!(billed["return_wcu"].as_f64() >= Some(1.0), "{row:#}");
+            assert!(billed["borrow_rcu"].as_f64() >= Some(1.0), "{row:#}");
+            assert!(billed["wcu"].as_f64() >= Some(2.0), "{row:#}");
+        }
     }
     for row in rows(&report, "cost") {
         has_keys(
