@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use semaphore::api::{self, ApiResponse};
-use semaphore::service::Budget;
+use semaphore::service::{Budget, Timing};
 use semaphore::store::{dynamodb, DynamoDbStore, MemoryStore, PoolStore, TicketStore};
 use semaphore::{config, Limits, Service};
 use serde_json::Value;
@@ -100,6 +100,13 @@ impl ApiClient {
     pub fn new(store: Arc<dyn PoolStore>, limits: Limits) -> Self {
         ApiClient {
             service: Service::new(store, limits),
+        }
+    }
+
+    /// With the service's timing (polls, compaction) set.
+    pub fn with_timing(store: Arc<dyn PoolStore>, limits: Limits, timing: Timing) -> Self {
+        ApiClient {
+            service: Service::new(store, limits).with_timing(timing),
         }
     }
 

@@ -81,6 +81,8 @@ pub struct Truth {
     open: Mutex<HashMap<PoolKey, HashSet<u64>>>,
     /// When each delete that removed a pool started and returned, by pool.
     deletes: Mutex<HashMap<PoolKey, Vec<(u64, u64)>>>,
+    /// Compactions of split pools whose pool item write landed.
+    pub compactions: std::sync::atomic::AtomicU64,
 }
 
 impl Truth {
@@ -224,6 +226,15 @@ impl PoolStore for Recorder {
             }
         }
         let updated = self.inner.update(key, incarnation, update).await?;
+        let compacting = update
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::SetSegmentVersion { .. }));
+        if compacting && matches!(updated, Updated::Written(_)) {
+            self.truth
+                .compactions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Updated::Written(now) | Updated::Lost(now) = &updated {
             self.truth.saw(key, now, since, &granting);
         }

@@ -2,7 +2,8 @@
 //! from it.
 
 use super::{
-    AsyncLine, Ended, GivenUp, Inconsistent, Lease, LeaseDigest, PoolState, Sizing, Slot, Ticket,
+    AsyncLine, Ended, GivenUp, Inconsistent, Layout, Lease, LeaseDigest, PoolState, Sizing, Slot,
+    Ticket, FLAT_MAX,
 };
 
 /// Largest `count` a pool may have (API.md: `0 … 1000`).
@@ -31,6 +32,8 @@ pub struct Pool {
     /// bound: the next write that reuses a slot, returns or resizes drops it.
     pub(super) legacy_ended: bool,
     pub(super) line: AsyncLine,
+    /// Where the slots are stored (the pool's truth is `slots` either way).
+    pub(super) layout: Layout,
 }
 
 impl Pool {
@@ -40,6 +43,7 @@ impl Pool {
     /// before: those started at an earlier creation time and grew by one per
     /// grant, and no pool grants once per µs (each grant is a conditional
     /// write to one item, which DynamoDB takes at most about once per ms).
+    /// Above [`FLAT_MAX`] it starts split, with no slot hot.
     pub fn new(count: u16, created_us: u64) -> Self {
         Pool {
             count,
@@ -52,7 +56,9 @@ impl Pool {
             ended: Vec::new(),
             legacy_ended: false,
             line: AsyncLine::default(),
+            layout: Layout::Flat,
         }
+        .split_above(FLAT_MAX)
     }
 
     /// Rebuilds a pool from stored parts, checking its invariants.
@@ -101,6 +107,7 @@ impl Pool {
             ended,
             legacy_ended: false,
             line: AsyncLine::default(),
+            layout: Layout::Flat,
         })
     }
 

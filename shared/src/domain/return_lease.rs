@@ -95,7 +95,7 @@ impl Pool {
     /// Frees the live `lease`, conditioned only on that lease: with live
     /// tickets waiting and a slot to spare, the lowest free position (its own
     /// or one below it) goes to the head of the queue in the same write.
-    fn give_back(&self, lease: &Lease, now_ms: u64) -> Update {
+    pub(super) fn give_back(&self, lease: &Lease, now_ms: u64) -> Update {
         let position = lease.position;
         let mut after = self.clone();
         after.slots[usize::from(position)] = Slot::Free;

@@ -18,16 +18,24 @@ pub(super) fn h(n: u8, ttl_ms: u64) -> Holder {
 
 pub(super) const WAITERS: usize = 100;
 
+/// `update`, planned on `pool`, landed as a store lands it (as the pool
+/// item can check it: see `Pool::lower`).
+pub(super) fn landed(pool: &Pool, update: &super::Update) -> Result<Pool, super::ConditionFailed> {
+    pool.apply(&pool.lower(update).0)
+}
+
 /// Borrows as a newcomer with no wait, applying the plan; the position.
 pub(super) fn borrow(pool: &mut Pool, n: u8, ttl: u64, now: u64) -> Option<u16> {
     loop {
         match pool.plan_borrow(h(n, ttl), now, now, WAITERS) {
             BorrowPlan::Take { update, position } => {
-                *pool = pool.apply(&update).expect("a fresh plan holds");
+                *pool = landed(pool, &update).expect("a fresh plan holds");
                 return Some(position);
             }
             BorrowPlan::Held(lease) => return Some(lease.position),
-            BorrowPlan::Prune(update) => *pool = pool.apply(&update).expect("a fresh prune holds"),
+            BorrowPlan::Prune(update) => {
+                *pool = landed(pool, &update).expect("a fresh prune holds")
+            }
             _ => return None,
         }
     }
@@ -36,7 +44,7 @@ pub(super) fn borrow(pool: &mut Pool, n: u8, ttl: u64, now: u64) -> Option<u16> 
 /// Joins the queue (as a borrower that waits until `give_up_ms`).
 pub(super) fn join(pool: &mut Pool, n: u8, ttl: u64, give_up_ms: u64, now: u64) {
     match pool.plan_borrow(h(n, ttl), give_up_ms, now, WAITERS) {
-        BorrowPlan::Join(update) => *pool = pool.apply(&update).expect("a fresh join holds"),
+        BorrowPlan::Join(update) => *pool = landed(pool, &update).expect("a fresh join holds"),
         other => panic!("expected a join, got {other:?}"),
     }
 }
@@ -44,7 +52,7 @@ pub(super) fn join(pool: &mut Pool, n: u8, ttl: u64, give_up_ms: u64, now: u64) 
 pub(super) fn give_back(pool: &mut Pool, n: u8, now: u64) -> bool {
     match pool.plan_return(d(n), now) {
         ReturnPlan::Return(_, update) => {
-            *pool = pool.apply(&update).expect("a fresh return holds");
+            *pool = landed(pool, &update).expect("a fresh return holds");
             true
         }
         _ => false,

@@ -40,6 +40,12 @@ pub enum Expect {
     ListedIs(LeaseDigest, u64),
     /// No backlog and no async ticket listed.
     Settled,
+    /// A split pool's position has no hot entry, and its segment the version
+    /// the pool item records as this: the cold slot is as read (see
+    /// `layout.rs`). Only [`Pool::lower`] writes it.
+    Cold { position: u16, version: u32 },
+    /// The pool item records this version of the segment.
+    SegmentVersion { segment: u16, version: u32 },
 }
 
 /// One change an update makes. Indices and positions name the pool as the
@@ -95,6 +101,14 @@ pub enum Change {
     RemoveListed(LeaseDigest),
     /// Clears the async-work flag.
     Settle,
+    /// A split pool's hot entry at this position leaves the pool item (its
+    /// segment holds it now).
+    Cool(u16),
+    /// Records the segment's version (a compaction wrote it).
+    SetSegmentVersion {
+        segment: u16,
+        version: u32,
+    },
 }
 
 /// A conditional change: every expectation holds, or nothing changes. The
@@ -151,7 +165,10 @@ impl Pool {
     /// does not hold.
     pub fn apply(&self, update: &Update) -> Result<Pool, ConditionFailed> {
         for expect in &update.expect {
-            if !self.holds(expect) {
+            let holds = self
+                .holds_layout(expect)
+                .unwrap_or_else(|| self.holds(expect));
+            if !holds {
                 return Err(ConditionFailed(*expect));
             }
         }
@@ -161,6 +178,7 @@ impl Pool {
         let mut removed: Vec<usize> = Vec::new();
         for change in &update.changes {
             apply_change(&mut next, self, *change, fence, &mut removed);
+            Pool::apply_layout(&mut next, *change);
         }
         // Indices name the queue as it was; removing one past its end is a
         // no-op, as in DynamoDB.
@@ -171,6 +189,7 @@ impl Pool {
                 next.queue.remove(index);
             }
         }
+        next.settle_len();
         Ok(next)
     }
 
@@ -184,7 +203,9 @@ impl Pool {
         }
     }
 
-    fn holds(&self, expect: &Expect) -> bool {
+    /// Whether `expect` holds of the pool's truth (wherever its slots are
+    /// stored; see [`Pool::holds_layout`] for what a split item can show).
+    pub(super) fn holds(&self, expect: &Expect) -> bool {
         match *expect {
             Expect::Count(sizing) => self.sizing() == sizing,
             Expect::SlotsLen(len) => self.slots.len() == len,
@@ -213,6 +234,9 @@ impl Pool {
             Expect::Admitted(admitted) => self.line.admitted == admitted,
             Expect::ListedIs(digest, number) => self.listed_number(digest) == Some(number),
             Expect::Settled => self.line.is_settled(),
+            Expect::Cold { .. } | Expect::SegmentVersion { .. } => {
+                self.holds_layout(expect).unwrap_or(false)
+            }
         }
     }
 }
@@ -295,6 +319,8 @@ fn apply_change(
             next.line.listed.sort_by_key(|(d, _)| *d);
         }
         Change::RemoveListed(digest) => next.line.listed.retain(|(d, _)| *d != digest),
+        // Where slots are stored: see `Pool::apply_layout`.
+        Change::Cool(_) | Change::SetSegmentVersion { .. } => {}
     }
 }
 

@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 
-use crate::domain::Update;
+use crate::clock::now_ms;
+use crate::domain::{Holder, Update};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
@@ -159,16 +160,32 @@ impl Harness<'_> {
         results
     }
 
-    /// Writes `update`, planned from `read`, conditioned on `read`'s incarnation.
+    /// Writes `update`, planned from `read`, conditioned on `read`'s
+    /// incarnation, as the pool item can check it ([`Pool::lower`]); undoes
+    /// a write that left its holder with a slot twice, and runs the
+    /// compaction a split pool has due.
+    ///
+    /// [`Pool::lower`]: crate::domain::Pool::lower
     pub(super) async fn write(
         &mut self,
         key: &PoolKey,
         read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
+        let (lowered, unchecked) = read.pool.lower(update);
         let result = self
-            .call(self.store.update(key, read.incarnation, update))
+            .call(self.store.update(key, read.incarnation, &lowered))
             .await;
+        let result = match (result, unchecked) {
+            (Ok(Updated::Written(record)), Some(holder)) => {
+                self.undo_duplicate(key, record, holder, update).await
+            }
+            (result, _) => result,
+        };
+        let result = match result {
+            Ok(Updated::Written(record)) => Ok(Updated::Written(self.compact(key, record).await)),
+            result => result,
+        };
         match &result {
             Ok(Updated::Lost(_)) => self.stats.conflicts += 1,
             // As the stream's filter passes writes to the dispatcher.
@@ -181,6 +198,70 @@ impl Harness<'_> {
             _ => {}
         }
         result
+    }
+
+    /// After `landed` (whose `NotHeld(holder)` the pool item could not
+    /// check) left `record`: when another request of the same lease id was
+    /// granted meanwhile, gives back what this one took (or takes its
+    /// ticket out) and answers as a failed `NotHeld` would, with the record
+    /// to decide from again. A few tries: the undo races other writes.
+    async fn undo_duplicate(
+        &mut self,
+        key: &PoolKey,
+        mut record: Record,
+        holder: Holder,
+        landed: &Update,
+    ) -> Result<Updated, StoreError> {
+        let mut undone = false;
+        for _ in 0..8 {
+            let Some(undo) = record.pool.duplicate_of(holder, landed, now_ms()) else {
+                break;
+            };
+            let (lowered, _) = record.pool.lower(&undo);
+            match self
+                .call(self.store.update(key, record.incarnation, &lowered))
+                .await?
+            {
+                Updated::Written(after) => {
+                    // The undo may hand its slot to an async ticket.
+                    if after.pool.line().active {
+                        self.changed(key);
+                        if after.pool.granted_async_since(&record.pool) {
+                            self.granted_async(key).await;
+                        }
+                    }
+                    record = after;
+                    undone = true;
+                    break;
+                }
+                Updated::Lost(after) => record = after,
+                Updated::Gone => return Ok(Updated::Gone),
+            }
+        }
+        Ok(if undone {
+            Updated::Lost(record)
+        } else {
+            Updated::Written(record)
+        })
+    }
+
+    /// Runs the compaction `record`'s pool has due, if any: the record
+    /// after it, or as it was when it did not land (another write got
+    /// there first; it is due again on a later write).
+    async fn compact(&mut self, key: &PoolKey, record: Record) -> Record {
+        let Some(plan) = record
+            .pool
+            .plan_compaction(self.timing.compaction, now_ms())
+        else {
+            return record;
+        };
+        match self
+            .call(self.store.compact(key, record.incarnation, &plan))
+            .await
+        {
+            Ok(Updated::Written(after)) => after,
+            _ => record,
+        }
     }
 
     /// Tells the service's hook that the pool has a grant for an async

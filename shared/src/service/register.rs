@@ -29,7 +29,8 @@ impl Service {
         call: &mut Budget,
     ) -> Result<PoolState, Error> {
         let mut ctx = self.ctx(call, Duration::ZERO);
-        let mut fresh = Record::new(Pool::new(count, now_us()));
+        let split_above = self.timing.compaction.split_above;
+        let mut fresh = Record::new(Pool::new(count, now_us()).split_above(split_above));
         let mut lost = 0u32;
         loop {
             let mut current = match ctx.call(ctx.store.create(&key, &fresh)).await {
@@ -80,7 +81,7 @@ impl Service {
                 }
             }
             ctx.lost(&mut lost).await?;
-            fresh = Record::new(Pool::new(count, now_us()));
+            fresh = Record::new(Pool::new(count, now_us()).split_above(split_above));
         }
     }
 }

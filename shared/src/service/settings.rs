@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use semaphore_wire::{Backoff, Jitter};
 
+use crate::domain::Compaction;
+
 /// Bounds applied to requests (API.md: `ttl` and `wait` are clamped, never
 /// rejected), and the most borrowers that may wait on one pool.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,6 +69,10 @@ pub struct Timing {
     /// Kept back from the answer-by time when a waiter stops waiting, to
     /// cancel its ticket (or find it granted) before answering.
     pub cancel_reserve: Duration,
+    /// When a split pool's hot entries move to their segments. Its
+    /// `cold_after_ms` must exceed `call_timeout`: a write lands within
+    /// that of the read it was planned on.
+    pub compaction: Compaction,
 }
 
 impl Default for Timing {
@@ -89,6 +95,7 @@ impl Default for Timing {
             deadline_margin: Duration::from_millis(300),
             local_budget: Duration::from_millis(4_500),
             cancel_reserve: Duration::from_millis(1_500),
+            compaction: Compaction::DEFAULT,
         }
     }
 }

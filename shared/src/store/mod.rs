@@ -10,7 +10,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 
-use crate::domain::{DeliveryClaim, LeaseDigest, Pool, TicketItem, TicketState, Update};
+use crate::domain::{
+    CompactionPlan, DeliveryClaim, LeaseDigest, Pool, TicketItem, TicketState, Update,
+};
 use crate::keys::PoolKey;
 
 pub mod dynamodb;
@@ -129,6 +131,19 @@ pub trait PoolStore: Send + Sync {
 
     /// Removes the pool. Returns whether one was there.
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError>;
+
+    /// Moves a split pool's hot entries to their segment: writes the
+    /// segment (conditioned on its version as read), then the pool item
+    /// (`plan.update`). This default is for a store whose pool holds its
+    /// segments itself (in memory): the pool item's write is all there is.
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.update(key, incarnation, &plan.update).await
+    }
 
     /// Takes the pool's next ticket number (async mode) if it is below
     /// `below`: [`Numbered::Taken`] with the record as the write left it (its

@@ -216,6 +216,8 @@ fn write_kind(update: &Update) -> &'static str {
         "remember a given-up id"
     } else if has(|c| matches!(c, Change::RemoveTicket(_))) {
         "cancel or prune tickets"
+    } else if has(|c| matches!(c, Change::SetSegmentVersion { .. })) {
+        "compaction"
     } else {
         "other"
     }
@@ -241,6 +243,8 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::Admitted(_) => "lost: Admitted",
         Expect::ListedIs(..) => "lost: ListedIs",
         Expect::Settled => "lost: Settled",
+        Expect::Cold { .. } => "lost: Cold",
+        Expect::SegmentVersion { .. } => "lost: SegmentVersion",
     }
 }
 

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use semaphore::clock::now_ms;
-use semaphore::domain::{BorrowPlan, Holder, Lease, Pool, Slot, Stamp};
+use semaphore::domain::{BorrowPlan, Holder, Layout, Lease, Pool, Slot, Stamp};
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::service::{BorrowRequest, Budget, Grant, Timing};
 use semaphore::store::Record;
@@ -782,10 +782,11 @@ pub async fn polling(env: &Env, strategy: Strategy, seconds: f64) -> Result<Poll
 }
 
 /// A pool with every slot held by a distinct live lease (ttl 1 h) and
-/// `waiting` tickets queued, a million grants old.
+/// `waiting` tickets queued, a million grants old; flat, as the DynamoDB
+/// store keeps every pool for now.
 pub fn full_pool(count: u16, waiting: usize) -> Result<Pool, String> {
     let now = now_ms();
-    let mut pool = Pool::new(count, now);
+    let mut pool = Pool::new(count, now).with_layout(Layout::Flat);
     let holder = || Holder {
         digest: LeaseId::new_random().digest(),
         ttl_ms: 3_600_000,

@@ -10,8 +10,8 @@ use super::codec::{
     HANDED, STAMP_SCALE,
 };
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, INCARNATION, LEGACY_ENDED, LISTED,
-    NEXT_TICKET, QUEUE, SLOTS, STAMPS,
+    ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS, INCARNATION,
+    LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
 use crate::domain::{Change, Expect, Holder, LeaseDigest, Update};
 
@@ -79,10 +79,30 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
         Expect::ListedIs(digest, n) => {
             format!("{} = {}", e.listed(digest), e.value(number(n)))
         }
+        Expect::Cold { position, version } => {
+            let hot = e.key(HOT, "p", position);
+            let segment = crate::domain::segment_of(position);
+            format!(
+                "attribute_not_exists({hot}) AND {}",
+                segment_version(e, segment, version)
+            )
+        }
+        Expect::SegmentVersion { segment, version } => segment_version(e, segment, version),
         Expect::Settled => format!(
             "{ADMITTED} = {NEXT_TICKET} AND size({LISTED}) = {}",
             e.zero()
         ),
+    }
+}
+
+/// A split pool item records this version of the segment (a segment never
+/// compacted has no entry).
+fn segment_version(e: &mut ExpressionBuilder, segment: u16, version: u32) -> String {
+    let path = e.key(SEGMENTS, "s", segment);
+    if version == 0 {
+        format!("attribute_not_exists({path})")
+    } else {
+        format!("{path} = {}", e.value(number(version)))
     }
 }
 
@@ -140,6 +160,15 @@ impl Clauses {
             }
             Change::DropLegacyEnded => {
                 self.removes.insert(LEGACY_ENDED.to_string());
+            }
+            Change::Cool(position) => {
+                self.removes.insert(e.key(HOT, "p", position));
+                self.removes.insert(e.key(HOT_STAMPS, "p", position));
+            }
+            Change::SetSegmentVersion { segment, version } => {
+                let path = e.key(SEGMENTS, "s", segment);
+                self.sets
+                    .push(format!("{path} = {}", e.value(number(version))));
             }
             Change::SetCount(sizing) => {
                 self.sets
@@ -324,6 +353,14 @@ impl ExpressionBuilder {
     /// `y.#tN` for an async ticket's key.
     fn listed(&mut self, digest: LeaseDigest) -> String {
         format!("{LISTED}.{}", self.digest(digest))
+    }
+
+    /// `map.#pN` for a map entry keyed by a number (a position, a segment):
+    /// a path name must not start with a digit.
+    fn key(&mut self, map: &str, tag: &str, key: u16) -> String {
+        let placeholder = format!("#{tag}{key}");
+        self.names.insert(placeholder.clone(), key.to_string());
+        format!("{map}.{placeholder}")
     }
 
     fn digest(&mut self, digest: LeaseDigest) -> String {

@@ -30,7 +30,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use super::{Created, Numbered, PoolStore, Record, StoreError, StoreErrorKind, Updated};
-use crate::domain::{Pool, Update};
+use crate::domain::{Layout, Pool, Update};
 use crate::keys::PoolKey;
 use codec::{decode, encode, number, Item};
 use expression::Expression;
@@ -247,7 +247,12 @@ impl PoolStore for DynamoDbStore {
 
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
         let Some(item) = self.put_new(self.touched(encode(key, record))).await? else {
-            return Ok(Created::Created(record.clone()));
+            // Stored as it reads back: every slot in the pool item.
+            let pool = record.pool.clone().with_layout(Layout::Flat);
+            return Ok(Created::Created(Record {
+                incarnation: record.incarnation,
+                pool,
+            }));
         };
         let current = decode(&item)?;
         Ok(if current.incarnation == record.incarnation {

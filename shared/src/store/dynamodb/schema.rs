@@ -63,6 +63,12 @@ pub mod pool_item {
     pub const FENCE: &str = "f";
     pub const SLOTS: &str = "s";
     pub const STAMPS: &str = "g";
+    /// A split pool's hot slots: position → holder (`0` when free).
+    pub const HOT: &str = "h";
+    /// A split pool's hot slots' stamps: position → stamp.
+    pub const HOT_STAMPS: &str = "t";
+    /// A split pool's segment versions: segment → version.
+    pub const SEGMENTS: &str = "k";
     pub const QUEUE: &str = "q";
     pub const GIVE_UP: &str = "w";
     pub const GIVEN_UP: &str = "x";

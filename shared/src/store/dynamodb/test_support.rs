@@ -1,7 +1,7 @@
 //! Helpers of the DynamoDB store's tests: a realistic clock, holders, and
 //! pools full, queued or churned through the ring.
 
-use crate::domain::{BorrowPlan, Holder, LeaseDigest, Pool, Slot, Stamp};
+use crate::domain::{BorrowPlan, Holder, Layout, LeaseDigest, Pool, Slot, Stamp};
 use crate::store::Record;
 
 /// A realistic clock: stamps and give-up times have today's digit counts.
@@ -19,7 +19,8 @@ pub(super) fn holder(n: u16, ttl_ms: u64) -> Holder {
 /// A pool of `count` with every slot held (ttl 30 s) and `waiting` tickets
 /// queued, after `grants` grants in all (fences grow with a pool's age).
 pub(super) fn full_pool(count: u16, waiting: u16, grants: u64) -> Record {
-    let mut pool = Pool::new(count, NOW * 1000);
+    // As this store keeps every pool: flat.
+    let mut pool = Pool::new(count, NOW * 1000).with_layout(Layout::Flat);
     let mut pool_parts = (pool.clone(), grants);
     for n in 0..count {
         let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n, 30_000), NOW, NOW, 1000)

@@ -1,0 +1,587 @@
+//! Where a pool's slots live. A small pool keeps every slot in the pool
+//! item ([`Layout::Flat`]). A large one ([`Layout::Split`]) keeps only its
+//! *hot* slots there (granted or freed recently) and the others, *cold*, in
+//! segment items of [`SEGMENT_SLOTS`] slots that only compaction writes: so
+//! the item every borrow, return and hand-off writes stays small, and
+//! DynamoDB, which bills a write by the whole item, bills about one unit.
+//!
+//! The truth for a position is its hot entry if it has one, else its
+//! segment's (a segment never written holds free slots). Because only
+//! compaction writes a segment, and every compaction advances the
+//! segment's version in the pool item, a write that depends on a cold slot
+//! conditions on the pool item alone: no hot entry there, and the segment's
+//! version as read ([`Expect::Cold`]).
+//!
+//! The planners work on the pool's whole truth and know nothing of this:
+//! [`Pool::lower`] turns what they expect of a slot into what the pool item
+//! can show, and every write goes through it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{Change, Expect, Holder, Pool, Slot, Update};
+
+/// Pools created with a count up to this keep every slot in the pool item:
+/// fully held with a few waiters, that item stays within one write unit.
+pub const FLAT_MAX: u16 = 48;
+
+/// Slots per segment item: fully held, about 1.3 KB.
+pub const SEGMENT_SLOTS: u16 = 64;
+
+/// Which new pools are split, and when the pool item's hot entries move to
+/// their segments.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Compaction {
+    /// Pools created with a larger count are split ([`FLAT_MAX`]; tests
+    /// split small pools too, so that they contend).
+    pub split_above: u16,
+    /// More hot entries than this, and compaction is due.
+    pub hot_max: usize,
+    /// A live lease younger than this stays hot. A borrow with a client
+    /// lease id that read before another request with the same id was
+    /// granted must still find that grant in the pool item when its own
+    /// write lands (see [`Pool::duplicate_of`]); no write is sent on a read
+    /// older than half this.
+    pub cold_after_ms: u64,
+}
+
+impl Compaction {
+    pub const DEFAULT: Compaction = Compaction {
+        split_above: FLAT_MAX,
+        hot_max: 16,
+        cold_after_ms: 4_000,
+    };
+}
+
+impl Default for Compaction {
+    fn default() -> Self {
+        Compaction::DEFAULT
+    }
+}
+
+/// Where a pool's slots are stored.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Every slot in the pool item, by position.
+    #[default]
+    Flat,
+    /// Hot slots in the pool item, the rest in segment items.
+    Split(Box<Split>),
+}
+
+/// A split pool's bookkeeping, as read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Split {
+    /// Positions the pool item holds an entry for.
+    pub(super) hot: BTreeSet<u16>,
+    /// Per segment, its version as the pool item records it (absent: 0,
+    /// never compacted).
+    pub(super) versions: BTreeMap<u16, u32>,
+    /// Per segment item, its own version as read (absent: 0, no item). It
+    /// runs ahead of `versions` after a compaction that wrote its segment
+    /// but not the pool item.
+    pub(super) stored: BTreeMap<u16, u32>,
+}
+
+impl Split {
+    pub fn new(
+        hot: BTreeSet<u16>,
+        versions: BTreeMap<u16, u32>,
+        stored: BTreeMap<u16, u32>,
+    ) -> Self {
+        Split {
+            hot,
+            versions,
+            stored,
+        }
+    }
+
+    pub fn hot(&self) -> &BTreeSet<u16> {
+        &self.hot
+    }
+
+    pub fn versions(&self) -> &BTreeMap<u16, u32> {
+        &self.versions
+    }
+
+    /// The segment's version as the pool item records it.
+    pub fn version(&self, segment: u16) -> u32 {
+        self.versions.get(&segment).copied().unwrap_or(0)
+    }
+
+    /// The segment item's own version as read.
+    pub fn stored(&self, segment: u16) -> u32 {
+        self.stored.get(&segment).copied().unwrap_or(0)
+    }
+}
+
+/// The segment a position's cold slot lives in.
+pub fn segment_of(position: u16) -> u16 {
+    position / SEGMENT_SLOTS
+}
+
+/// A compaction step: write the segment, then the pool item. The segment's
+/// write is conditioned on its version being the pool item's as read (no
+/// other compaction of it under way), so that the pool item's write, when
+/// it lands, cools its entries over this very segment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompactionPlan {
+    pub segment: u16,
+    /// The segment item's version as read: its write is conditioned on it.
+    pub stored: u32,
+    /// The version both items have after.
+    pub version: u32,
+    /// The segment's slots after, by position from `segment ×`
+    /// [`SEGMENT_SLOTS`]: the pool's truth as read (a hot entry left in
+    /// the pool item shadows its copy). Empty when the segment is not
+    /// written (the pool item catches up with a segment written before).
+    pub slots: Vec<Slot>,
+    /// The pool item's write: the moved entries as read and the segment's
+    /// version as read; it removes them and advances the version.
+    pub update: Update,
+}
+
+impl Pool {
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// A new pool, split when its count is above `split_above`.
+    pub fn split_above(self, split_above: u16) -> Self {
+        let layout = if self.count > split_above {
+            Layout::Split(Box::default())
+        } else {
+            Layout::Flat
+        };
+        self.with_layout(layout)
+    }
+
+    /// The pool as stored in `layout` (the pool's truth is unchanged).
+    pub fn with_layout(mut self, layout: Layout) -> Self {
+        self.layout = layout;
+        self.settle_len();
+        self
+    }
+
+    /// A split pool's slot list runs to `count`, or past it to its last
+    /// held slot (as a split item is read: free slots are not stored).
+    pub(super) fn settle_len(&mut self) {
+        if matches!(self.layout, Layout::Flat) {
+            return;
+        }
+        let keep = usize::from(self.count).max(
+            self.slots
+                .iter()
+                .rposition(|s| *s != Slot::Free)
+                .map_or(0, |p| p + 1),
+        );
+        self.slots.resize(keep, Slot::Free);
+    }
+
+    /// The write `update` (planned on this pool) as the pool item can
+    /// check it, and the holder whose `NotHeld` it could not check (a
+    /// split pool item's hot entries are a map, which no condition
+    /// searches): the caller then looks for a duplicate in the item the
+    /// write leaves ([`Pool::duplicate_of`]).
+    pub fn lower(&self, update: &Update) -> (Update, Option<Holder>) {
+        let Layout::Split(split) = &self.layout else {
+            return (update.clone(), None);
+        };
+        let mut unchecked = None;
+        let mut lowered = Update {
+            expect: Vec::with_capacity(update.expect.len()),
+            changes: update.changes.clone(),
+        };
+        for expect in &update.expect {
+            match *expect {
+                Expect::SlotFree(position) | Expect::SlotStamp { position, .. }
+                    if !split.hot.contains(&position) && self.holds(expect) =>
+                {
+                    let segment = segment_of(position);
+                    lowered.expect.push(Expect::Cold {
+                        position,
+                        version: split.version(segment),
+                    });
+                }
+                Expect::NotHeld(holder) => unchecked = Some(holder),
+                // Slots are not a list in a split item: none is missing.
+                Expect::SlotsLen(_) => {}
+                other => lowered.expect.push(other),
+            }
+        }
+        lowered.expect.dedup();
+        // Slots past the end are not removed from a split pool item: they
+        // are freed there (a cold one would keep its segment's lease).
+        let written: Vec<u16> = update
+            .changes
+            .iter()
+            .filter_map(|c| match *c {
+                Change::Take { position, .. }
+                | Change::HandOff { position, .. }
+                | Change::Free(position) => Some(position),
+                _ => None,
+            })
+            .collect();
+        for change in &update.changes {
+            if let Change::Truncate { from, len } = *change {
+                for position in from..len {
+                    let position = position as u16;
+                    let held = self
+                        .slots
+                        .get(usize::from(position))
+                        .is_some_and(|s| *s != Slot::Free);
+                    if held && !written.contains(&position) {
+                        lowered.changes.insert(0, Change::Free(position));
+                    }
+                }
+            }
+        }
+        (lowered, unchecked)
+    }
+
+    /// After a write whose `NotHeld(holder)` was not checked ([`Pool::lower`])
+    /// landed and left this pool: the write that undoes it when `holder`
+    /// now holds a slot twice, or holds one and waits too (another request
+    /// of the same lease id was granted between this one's read and its
+    /// write). `update` is the write that landed.
+    pub fn duplicate_of(&self, holder: Holder, update: &Update, now_ms: u64) -> Option<Update> {
+        let held: Vec<u16> = (0..self.slots.len() as u16)
+            .filter(|&p| matches!(self.slots[usize::from(p)], Slot::Held { holder: h, .. } if h == holder))
+            .collect();
+        for change in &update.changes {
+            match *change {
+                Change::Take {
+                    position,
+                    holder: h,
+                    ..
+                } if h == holder && held.contains(&position) && held.len() > 1 => {
+                    let lease = self.lease_at(usize::from(position))?;
+                    return Some(self.give_back(&lease, now_ms));
+                }
+                Change::Append(ticket) if ticket.holder == holder && !held.is_empty() => {
+                    let (index, _) = self.ticket_of(holder.digest)?;
+                    return Some(self.remove_tickets(vec![index]));
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The compaction due on this pool at `now_ms`, if any: the segment
+    /// with the most hot entries that may leave the pool item (free ones,
+    /// expired ones, and live ones older than `cold_after_ms`).
+    pub fn plan_compaction(&self, config: Compaction, now_ms: u64) -> Option<CompactionPlan> {
+        let Layout::Split(split) = &self.layout else {
+            return None;
+        };
+        if split.hot.len() <= config.hot_max {
+            return None;
+        }
+        let movable = |position: u16| match self.slots.get(usize::from(position)) {
+            None | Some(Slot::Free) => true,
+            Some(Slot::Held { holder, stamp }) => {
+                let expires = stamp.granted_ms.saturating_add(holder.ttl_ms);
+                expires <= now_ms || stamp.granted_ms.saturating_add(config.cold_after_ms) <= now_ms
+            }
+        };
+        let mut by_segment: BTreeMap<u16, Vec<u16>> = BTreeMap::new();
+        for &position in split.hot.iter().filter(|&&p| movable(p)) {
+            by_segment
+                .entry(segment_of(position))
+                .or_default()
+                .push(position);
+        }
+        // The most entries; of equals, the lowest segment.
+        let (segment, moved) = by_segment
+            .into_iter()
+            .rev()
+            .max_by_key(|(_, positions)| positions.len())?;
+        let from = usize::from(segment) * usize::from(SEGMENT_SLOTS);
+        let slots: Vec<Slot> = (from..from + usize::from(SEGMENT_SLOTS))
+            .map(|p| self.slots.get(p).copied().unwrap_or(Slot::Free))
+            .collect();
+        let recorded = split.version(segment);
+        let stored = split.stored(segment);
+        let mut update = Update::default();
+        update.expect.push(Expect::SegmentVersion {
+            segment,
+            version: recorded,
+        });
+        if stored > recorded {
+            // A compaction wrote the segment and not (yet) the pool item.
+            // The segment holds the truth of every position that is cold,
+            // as it did before (a position that turned hot since never
+            // turned cold again without the pool item's version moving), so
+            // the pool item catches up, cooling nothing; a compaction may
+            // then write the segment again. Until then none may: a pool item
+            // write landing after a second segment write would cool its
+            // entries over a segment that is not its own.
+            update.changes.push(Change::SetSegmentVersion {
+                segment,
+                version: stored,
+            });
+            return Some(CompactionPlan {
+                segment,
+                stored,
+                version: stored,
+                slots: Vec::new(),
+                update,
+            });
+        }
+        let version = recorded + 1;
+        for &position in &moved {
+            update.expect.push(self.slot_as_read(position));
+            update.changes.push(Change::Cool(position));
+        }
+        update
+            .changes
+            .push(Change::SetSegmentVersion { segment, version });
+        Some(CompactionPlan {
+            segment,
+            stored,
+            version,
+            slots,
+            update,
+        })
+    }
+
+    /// Applies a layout change of `change` (made on `next`, the pool so far)
+    /// to its bookkeeping: a slot written becomes hot, a cooled one cold.
+    pub(super) fn apply_layout(next: &mut Pool, change: Change) {
+        let Layout::Split(split) = &mut next.layout else {
+            return;
+        };
+        match change {
+            Change::Take { position, .. }
+            | Change::HandOff { position, .. }
+            | Change::Free(position) => {
+                split.hot.insert(position);
+            }
+            Change::Cool(position) => {
+                split.hot.remove(&position);
+            }
+            Change::SetSegmentVersion { segment, version } => {
+                split.versions.insert(segment, version);
+                split.stored.insert(segment, version);
+            }
+            // Truncated hot entries stay in the pool item (free): only
+            // compaction, which writes their segment first, removes one.
+            _ => {}
+        }
+    }
+
+    /// Whether a layout expectation holds (`None`: not one).
+    pub(super) fn holds_layout(&self, expect: &Expect) -> Option<bool> {
+        let split = match &self.layout {
+            Layout::Split(split) => Some(split),
+            Layout::Flat => None,
+        };
+        Some(match *expect {
+            Expect::Cold { position, version } => split.is_some_and(|s| {
+                !s.hot.contains(&position) && s.version(segment_of(position)) == version
+            }),
+            Expect::SegmentVersion { segment, version } => {
+                split.is_some_and(|s| s.version(segment) == version)
+            }
+            // A split pool item shows a slot only while it is hot: a write
+            // planned while it was, landing after compaction cooled it,
+            // fails (and is planned again, on its segment's version).
+            Expect::SlotFree(position) | Expect::SlotStamp { position, .. }
+                if split.is_some_and(|s| !s.hot.contains(&position)) =>
+            {
+                false
+            }
+            _ => return None,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::super::BorrowPlan;
+    use super::*;
+
+    const NOW: u64 = 1_000_000;
+
+    fn split(pool: &Pool) -> &Split {
+        match pool.layout() {
+            Layout::Split(split) => split,
+            Layout::Flat => panic!("not split"),
+        }
+    }
+
+    /// A split pool of `count` with holder `n` on position `n` for each of
+    /// `held`, each written (so hot), granted at `at`.
+    fn held_pool(count: u16, held: &[u8], at: u64) -> Pool {
+        let mut pool = Pool::new(count, 0);
+        for &n in held {
+            // Takes land as lowered, so this is what the pool item shows.
+            let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(n, 60_000), at, at, 100)
+            else {
+                panic!("no take for {n}")
+            };
+            let (lowered, _) = pool.lower(&update);
+            pool = pool.apply(&lowered).expect("a fresh take lands");
+        }
+        pool
+    }
+
+    #[test]
+    fn a_pool_above_the_flat_maximum_starts_split_with_nothing_hot() {
+        assert_eq!(Pool::new(FLAT_MAX, 0).layout(), &Layout::Flat);
+        let pool = Pool::new(FLAT_MAX + 1, 0);
+        assert_eq!(pool.layout(), &Layout::Split(Box::default()));
+        assert_eq!(pool.slots().len(), usize::from(FLAT_MAX) + 1);
+        // A flat pool's writes are as planned.
+        let flat = Pool::new(4, 0);
+        let BorrowPlan::Take { update, .. } = flat.plan_borrow(h(1, 100), NOW, NOW, 100) else {
+            panic!()
+        };
+        assert_eq!(flat.lower(&update), (update, None));
+    }
+
+    /// A take of a cold slot conditions on its segment's version and that
+    /// no hot entry shadows it; the slot is hot after. `NotHeld` is left to
+    /// the caller.
+    #[test]
+    fn a_write_on_a_cold_slot_conditions_on_its_segment_version() {
+        let pool = Pool::new(200, 0);
+        let BorrowPlan::Take { update, position } = pool.plan_borrow(h(1, 100), NOW, NOW, 100)
+        else {
+            panic!()
+        };
+        assert_eq!(position, 0);
+        let (lowered, unchecked) = pool.lower(&update);
+        assert!(lowered.expect.contains(&Expect::Cold {
+            position: 0,
+            version: 0
+        }));
+        assert!(!lowered.expect.iter().any(|e| matches!(
+            e,
+            Expect::SlotFree(_) | Expect::NotHeld(_) | Expect::SlotsLen(_)
+        )));
+        assert_eq!(unchecked, Some(h(1, 100)));
+        let after = pool.apply(&lowered).unwrap();
+        assert!(split(&after).hot().contains(&0));
+        // Planned again on the pool as it was: the slot is hot now.
+        assert!(after.apply(&lowered).is_err());
+    }
+
+    #[test]
+    fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
+        // Holders on positions 0..3 granted long ago, 3..70 just now:
+        // only the old ones may leave, whatever the others' number.
+        let mut pool = held_pool(200, &[0, 1, 2], NOW - 10_000);
+        // 3..64 taken now too, so that the next takes land in segment 1.
+        for n in 3..70u8 {
+            borrow(&mut pool, n, 60_000, NOW);
+        }
+        let config = Compaction {
+            split_above: FLAT_MAX,
+            hot_max: 4,
+            cold_after_ms: 4_000,
+        };
+        let plan = pool.plan_compaction(config, NOW).expect("compaction due");
+        assert_eq!(plan.segment, 0);
+        let moved: Vec<u16> = plan
+            .update
+            .changes
+            .iter()
+            .filter_map(|c| match c {
+                Change::Cool(p) => Some(*p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(moved, vec![0, 1, 2], "only the old grants leave");
+        assert_eq!(plan.slots.len(), usize::from(SEGMENT_SLOTS));
+        assert_eq!(plan.slots[..64], pool.slots()[..64]);
+        assert_eq!((plan.stored, plan.version), (0, 1));
+        let after = pool.apply(&plan.update).expect("a fresh compaction lands");
+        assert!(!split(&after).hot().contains(&0));
+        assert_eq!(split(&after).version(0), 1);
+        assert_eq!(after.slots(), pool.slots(), "the truth is unchanged");
+        // Not due below the bound.
+        let relaxed = Compaction {
+            hot_max: 1_000,
+            ..config
+        };
+        assert_eq!(pool.plan_compaction(relaxed, NOW), None);
+        // Once they have aged, segment 1's leave too (the fullest first).
+        let later = after
+            .plan_compaction(config, NOW + 4_000)
+            .expect("compaction due");
+        assert_eq!(later.segment, 0, "61 old entries of segment 0 first");
+    }
+
+    /// A compaction that wrote its segment but not the pool item leaves the
+    /// segment ahead: the next one only catches the pool item up.
+    #[test]
+    fn a_segment_ahead_of_the_pool_item_is_caught_up_before_it_is_written_again() {
+        let pool = held_pool(100, &[0, 1], NOW - 10_000);
+        let Layout::Split(s) = pool.layout().clone() else {
+            panic!()
+        };
+        let ahead = pool.with_layout(Layout::Split(Box::new(Split::new(
+            s.hot.clone(),
+            s.versions.clone(),
+            [(0, 1)].into(),
+        ))));
+        let config = Compaction {
+            split_above: FLAT_MAX,
+            hot_max: 0,
+            cold_after_ms: 4_000,
+        };
+        let plan = ahead.plan_compaction(config, NOW).unwrap();
+        assert!(plan.slots.is_empty(), "no segment write");
+        assert_eq!(
+            plan.update.changes,
+            vec![Change::SetSegmentVersion {
+                segment: 0,
+                version: 1
+            }]
+        );
+        let caught_up = ahead.apply(&plan.update).unwrap();
+        assert_eq!(
+            split(&caught_up).hot(),
+            split(&ahead).hot(),
+            "nothing cooled"
+        );
+        let next = caught_up.plan_compaction(config, NOW).unwrap();
+        assert_eq!((next.stored, next.version), (1, 2));
+    }
+
+    /// A take that landed though the same holder took another slot since
+    /// its read (a split pool item cannot check `NotHeld`) is given back.
+    #[test]
+    fn a_slot_taken_twice_by_one_holder_is_given_back() {
+        let pool = Pool::new(100, 0);
+        let BorrowPlan::Take { update: first, .. } = pool.plan_borrow(h(7, 500), NOW, NOW, 100)
+        else {
+            panic!()
+        };
+        // Another request of the same lease id, planned on an older read,
+        // took position 0 first; this one then takes position 1.
+        let (lowered, _) = pool.lower(&first);
+        let pool = pool.apply(&lowered).unwrap();
+        let mut second = first.clone();
+        second.expect.retain(|e| !matches!(e, Expect::SlotFree(0)));
+        second.changes = vec![Change::Take {
+            position: 1,
+            holder: h(7, 500),
+            now_ms: NOW,
+        }];
+        let (lowered, unchecked) = pool.lower(&second);
+        assert_eq!(unchecked, Some(h(7, 500)));
+        let twice = pool.apply(&lowered).unwrap();
+        let undo = twice
+            .duplicate_of(h(7, 500), &second, NOW)
+            .expect("held twice");
+        let (lowered, _) = twice.lower(&undo);
+        let once = twice.apply(&lowered).unwrap();
+        assert_eq!(holder_at(&once, 0), Some(d(7)));
+        assert_eq!(holder_at(&once, 1), None);
+        // Nothing to undo when the holder holds one slot.
+        assert_eq!(once.duplicate_of(h(7, 500), &first, NOW), None);
+    }
+}
