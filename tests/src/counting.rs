@@ -12,7 +12,7 @@ use aws_sdk_dynamodb::config::interceptors::{
     BeforeTransmitInterceptorContextRef, FinalizerInterceptorContextRef,
 };
 use aws_sdk_dynamodb::config::{ConfigBag, Intercept, RuntimeComponents};
-use semaphore::domain::Update;
+use semaphore::domain::{CompactionPlan, Update};
 use semaphore::keys::PoolKey;
 use semaphore::store::dynamodb::item_size;
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
@@ -470,11 +470,11 @@ impl PoolStore for CountingStore {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         self.counters.writes.fetch_add(1, Ordering::Relaxed);
-        let outcome = self.inner.update(key, incarnation, update).await?;
+        let outcome = self.inner.update(key, read, update).await?;
         // Billed: the larger of the item before and after (a failed condition
         // is billed on the item as it is).
         let units = match &outcome {
@@ -501,6 +501,26 @@ impl PoolStore for CountingStore {
             }
         };
         self.wcu(units);
+        Ok(outcome)
+    }
+
+    /// Counted as one write (the wire counts what it sent: a segment too).
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.counters.writes.fetch_add(1, Ordering::Relaxed);
+        let outcome = self.inner.compact(key, read, plan).await?;
+        if let Updated::Lost(_) | Updated::Gone = outcome {
+            self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Updated::Written(record) | Updated::Lost(record) = &outcome {
+            let size = pool_item_size(key, record);
+            self.remember(key, Some(size));
+            self.wcu(write_units(size));
+        }
         Ok(outcome)
     }
 

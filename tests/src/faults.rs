@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use semaphore::domain::Update;
+use semaphore::domain::{CompactionPlan, Update};
 use semaphore::keys::PoolKey;
 use semaphore::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 
@@ -198,16 +198,16 @@ impl FaultyStore {
     async fn inject_update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         match self.draw(true) {
-            Fault::RetryLost => match self.inner.update(key, incarnation, update).await? {
+            Fault::RetryLost => match self.inner.update(key, read, update).await? {
                 Updated::Written(now) | Updated::Lost(now) => Ok(Updated::Lost(now)),
                 Updated::Gone => Ok(Updated::Gone),
             },
             fault => {
-                self.inject_drawn(fault, "update", self.inner.update(key, incarnation, update))
+                self.inject_drawn(fault, "update", self.inner.update(key, read, update))
                     .await
             }
         }
@@ -251,10 +251,20 @@ impl PoolStore for FaultyStore {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        self.inject_update(key, incarnation, update).await
+        self.inject_update(key, read, update).await
+    }
+
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.inject("compact", self.inner.compact(key, read, plan))
+            .await
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
@@ -298,7 +308,7 @@ mod tests {
         };
         let store = FaultyStore::new(inner.clone(), plan, 1, counts.clone());
         let resize = record.pool.plan_resize(3, 0).unwrap();
-        let Ok(Updated::Lost(now)) = store.update(&key, record.incarnation, &resize).await else {
+        let Ok(Updated::Lost(now)) = store.update(&key, &record, &resize).await else {
             panic!("a landed write reported lost")
         };
         assert_eq!(now.pool.count(), 3);

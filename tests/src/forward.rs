@@ -7,7 +7,7 @@
 //! wrapper before.
 
 use async_trait::async_trait;
-use semaphore::domain::Update;
+use semaphore::domain::{CompactionPlan, Update};
 use semaphore::keys::PoolKey;
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 
@@ -29,10 +29,19 @@ pub trait Around: Send + Sync {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        self.inner().update(key, incarnation, update).await
+        self.inner().update(key, read, update).await
+    }
+
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.inner().compact(key, read, plan).await
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
@@ -57,10 +66,19 @@ impl<A: Around> PoolStore for Forward<A> {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        self.0.update(key, incarnation, update).await
+        self.0.update(key, read, update).await
+    }
+
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.0.compact(key, read, plan).await
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {

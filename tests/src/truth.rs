@@ -13,7 +13,7 @@ use std::sync::Mutex;
 
 use async_trait::async_trait;
 use semaphore::clock::now_ms;
-use semaphore::domain::{Change, LeaseDigest, Ticket, Update};
+use semaphore::domain::{Change, CompactionPlan, LeaseDigest, Ticket, Update};
 use semaphore::keys::{LeaseId, PoolKey};
 use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
 use std::sync::Arc;
@@ -205,7 +205,7 @@ impl PoolStore for Recorder {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let since = now_ms();
@@ -225,20 +225,30 @@ impl PoolStore for Recorder {
                 }
             }
         }
-        let updated = self.inner.update(key, incarnation, update).await?;
-        let compacting = update
-            .changes
-            .iter()
-            .any(|c| matches!(c, Change::SetSegmentVersion { .. }));
-        if compacting && matches!(updated, Updated::Written(_)) {
-            self.truth
-                .compactions
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        let updated = self.inner.update(key, read, update).await?;
         if let Updated::Written(now) | Updated::Lost(now) = &updated {
             self.truth.saw(key, now, since, &granting);
         }
         Ok(updated)
+    }
+
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        let since = now_ms();
+        let compacted = self.inner.compact(key, read, plan).await?;
+        if let Updated::Written(now) | Updated::Lost(now) = &compacted {
+            self.truth.saw(key, now, since, &[]);
+        }
+        if matches!(compacted, Updated::Written(_)) {
+            self.truth
+                .compactions
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        Ok(compacted)
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {

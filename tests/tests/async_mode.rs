@@ -12,7 +12,7 @@ use semaphore::domain::{Change, DeliveryClaim, LeaseDigest, TicketItem, TicketSt
 use semaphore::keys::{LeaseId, PoolId, PoolKey};
 use semaphore::service::Budget;
 use semaphore::store::{
-    PoolStore, PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated, Updated,
+    PoolStore, PutTicket, Record, StoreError, StoreErrorKind, TicketStore, TicketUpdated, Updated,
 };
 use semaphore::Limits;
 use semaphore_tests::forward::{Around, Forward};
@@ -1023,7 +1023,7 @@ impl Around for CancelDuringAdmission {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let admits = update
@@ -1038,7 +1038,7 @@ impl Around for CancelDuringAdmission {
                 .set_ticket_state(key, digest, &TicketState::Waiting, &TicketState::Cancelled)
                 .await?;
         }
-        self.inner.update(key, incarnation, update).await
+        self.inner.update(key, read, update).await
     }
 }
 

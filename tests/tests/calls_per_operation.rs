@@ -5,13 +5,15 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use semaphore::clock::now_ms;
-use semaphore::domain::{BorrowPlan, Holder};
+use semaphore::domain::{BorrowPlan, Compaction, Holder};
 use semaphore::keys::LeaseId;
+use semaphore::service::Timing;
 use semaphore::store::Updated;
 use semaphore::Limits;
 use semaphore_tests::counting::{Counters, Outcome};
 use semaphore_tests::harness::{
-    dynamodb_store_on_the_wire, dynamodb_stores_on_the_wire, pool_id, ApiClient,
+    dynamodb_client, dynamodb_store_on_the_wire, dynamodb_stores_on_the_wire, pool_id, ApiClient,
+    TABLE,
 };
 
 /// What a list of `(operation, outcome, count)` means on the wire.
@@ -99,6 +101,98 @@ async fn uncontended_operations_send_exactly_their_requests() {
     );
 }
 
+/// A split pool (count above 48): a read is the pool item, then its
+/// segments in one `Query`; a compaction two writes (the segment, then the
+/// pool item); a delete removes its segments too. Compaction here at every
+/// write, so that each operation shows it.
+#[tokio::test]
+async fn a_split_pool_reads_its_segments_after_its_pool_item_and_compacts_in_two_writes() {
+    let counters = Arc::new(Counters::default());
+    let store = dynamodb_store_on_the_wire(counters.clone()).await;
+    let timing = Timing {
+        compaction: Compaction {
+            hot_max: 0,
+            cold_after_ms: 0,
+            ..Compaction::DEFAULT
+        },
+        ..Timing::default()
+    };
+    let api = ApiClient::with_timing(store, Limits::default(), timing);
+    let id = pool_id();
+    sends!(
+        counters,
+        "register (split)",
+        [("PutItem", Won, 1)],
+        api.register(&id, 100)
+    );
+    let body = sends!(
+        counters,
+        "borrow (then compaction)",
+        [
+            ("GetItem", Won, 1),
+            ("Query", Won, 1),
+            ("UpdateItem", Won, 2),
+            ("PutItem", Won, 1)
+        ],
+        api.borrow(&id, 60.0, 0.0)
+    );
+    let lease = body["lease"].as_str().unwrap().to_string();
+    // The lease is cold now, in its segment: the same answer for its id.
+    let again = api
+        .call(
+            "POST",
+            &format!("/l/{id}/borrow"),
+            &format!(r#"{{"ttl": 60, "lease": "{lease}"}}"#),
+        )
+        .await;
+    assert_eq!((again.0, &again.1["position"]), (200, &body["position"]));
+    sends!(
+        counters,
+        "inspect",
+        [("GetItem", Won, 1), ("Query", Won, 1)],
+        api.inspect(&id)
+    );
+    sends!(
+        counters,
+        "return (a cold lease, then compaction)",
+        [
+            ("GetItem", Won, 1),
+            ("Query", Won, 1),
+            ("UpdateItem", Won, 2),
+            ("PutItem", Won, 1)
+        ],
+        api.return_lease(&id, &lease)
+    );
+    sends!(
+        counters,
+        "delete (and its segment)",
+        [
+            ("DeleteItem", Won, 1),
+            ("Query", Won, 1),
+            ("BatchWriteItem", Won, 1)
+        ],
+        api.delete(&id)
+    );
+    let client = dynamodb_client().await;
+    let left = client
+        .query()
+        .table_name(TABLE)
+        .key_condition_expression("pk = :pk")
+        .expression_attribute_values(
+            ":pk",
+            aws_sdk_dynamodb::types::AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
+                semaphore::keys::PoolId(id.parse().unwrap())
+                    .key()
+                    .0
+                    .to_vec(),
+            )),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(left.count(), 0, "every item of the pool goes");
+}
+
 /// A lost race costs one billed write: the failed `UpdateItem` itself, which
 /// hands the item back; nothing else is sent.
 #[tokio::test]
@@ -122,11 +216,11 @@ async fn a_lost_race_is_one_failed_update_and_nothing_more() {
     };
     let (first, second) = (plan(1), plan(2));
     assert!(matches!(
-        store.update(&key, read.incarnation, &first).await.unwrap(),
+        store.update(&key, &read, &first).await.unwrap(),
         Updated::Written(_)
     ));
     let before = counters.wire();
-    let lost = store.update(&key, read.incarnation, &second).await.unwrap();
+    let lost = store.update(&key, &read, &second).await.unwrap();
     let Updated::Lost(now) = lost else {
         panic!("{lost:?}")
     };
@@ -182,7 +276,7 @@ async fn concurrent_returns_with_waiters_never_collide() {
         .collect();
     let before = counters.wire();
     for update in &updates {
-        let outcome = store.update(&key, read.incarnation, update).await.unwrap();
+        let outcome = store.update(&key, &read, update).await.unwrap();
         assert!(matches!(outcome, Updated::Written(_)), "{outcome:?}");
     }
     assert_eq!(

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use semaphore::domain::{Change, Update};
 use semaphore::keys::PoolKey;
-use semaphore::store::{PoolStore, StoreError, Updated};
+use semaphore::store::{PoolStore, Record, StoreError, Updated};
 use semaphore::Limits;
 use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
@@ -339,7 +339,7 @@ impl Around for HoldsTheTombstone {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         if update
@@ -354,7 +354,7 @@ impl Around for HoldsTheTombstone {
                 }
             }
         }
-        self.inner.update(key, incarnation, update).await
+        self.inner.update(key, read, update).await
     }
 }
 

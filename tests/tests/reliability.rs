@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use aws_sdk_dynamodb::types::AttributeValue;
-use semaphore::domain::Update;
+use semaphore::domain::{CompactionPlan, Update};
 use semaphore::keys::PoolKey;
 use semaphore::store::{Created, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use semaphore::Limits;
@@ -75,10 +75,10 @@ impl Around for Twisted {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let updated = self.inner.update(key, incarnation, update).await?;
+        let updated = self.inner.update(key, read, update).await?;
         match (self.twisting(), self.twist, updated) {
             (false, _, updated) => Ok(updated),
             (true, Twist::LandedThenFailed, _) => Err(lost_answer()),
@@ -151,7 +151,15 @@ impl PoolStore for Hung {
     async fn create(&self, _: &PoolKey, _: &Record) -> Result<Created, StoreError> {
         std::future::pending().await
     }
-    async fn update(&self, _: &PoolKey, _: u64, _: &Update) -> Result<Updated, StoreError> {
+    async fn update(&self, _: &PoolKey, _: &Record, _: &Update) -> Result<Updated, StoreError> {
+        std::future::pending().await
+    }
+    async fn compact(
+        &self,
+        _: &PoolKey,
+        _: &Record,
+        _: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
         std::future::pending().await
     }
     async fn delete(&self, _: &PoolKey) -> Result<bool, StoreError> {
@@ -225,7 +233,7 @@ impl Around for AlwaysBeaten {
     fn inner(&self) -> &dyn PoolStore {
         &*self.0
     }
-    async fn update(&self, key: &PoolKey, _: u64, _: &Update) -> Result<Updated, StoreError> {
+    async fn update(&self, key: &PoolKey, _: &Record, _: &Update) -> Result<Updated, StoreError> {
         Ok(self.0.load(key).await?.map_or(Updated::Gone, Updated::Lost))
     }
 }
@@ -264,7 +272,7 @@ impl Around for ResizedThenDeleted {
     fn inner(&self) -> &dyn PoolStore {
         &*self.inner
     }
-    async fn update(&self, key: &PoolKey, _: u64, _: &Update) -> Result<Updated, StoreError> {
+    async fn update(&self, key: &PoolKey, _: &Record, _: &Update) -> Result<Updated, StoreError> {
         let now = self.inner.load(key).await?;
         if self.lost.fetch_add(1, Ordering::SeqCst) == 2 {
             // Gone by the time the loser reads the pool again.

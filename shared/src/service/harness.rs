@@ -173,9 +173,7 @@ impl Harness<'_> {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let (lowered, unchecked) = read.pool.lower(update);
-        let result = self
-            .call(self.store.update(key, read.incarnation, &lowered))
-            .await;
+        let result = self.call(self.store.update(key, read, &lowered)).await;
         let result = match (result, unchecked) {
             (Ok(Updated::Written(record)), Some(holder)) => {
                 self.undo_duplicate(key, record, holder, update).await
@@ -218,10 +216,7 @@ impl Harness<'_> {
                 break;
             };
             let (lowered, _) = record.pool.lower(&undo);
-            match self
-                .call(self.store.update(key, record.incarnation, &lowered))
-                .await?
-            {
+            match self.call(self.store.update(key, &record, &lowered)).await? {
                 Updated::Written(after) => {
                     // The undo may hand its slot to an async ticket.
                     if after.pool.line().active {
@@ -255,10 +250,7 @@ impl Harness<'_> {
         else {
             return record;
         };
-        match self
-            .call(self.store.compact(key, record.incarnation, &plan))
-            .await
-        {
+        match self.call(self.store.compact(key, &record, &plan)).await {
             Ok(Updated::Written(after)) => after,
             _ => record,
         }

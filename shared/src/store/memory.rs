@@ -10,7 +10,7 @@ use super::{
     Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated, Updated,
     WakeStore,
 };
-use crate::domain::{DeliveryClaim, LeaseDigest, TicketItem, TicketState, Update};
+use crate::domain::{CompactionPlan, DeliveryClaim, LeaseDigest, TicketItem, TicketState, Update};
 use crate::keys::PoolKey;
 
 #[derive(Default)]
@@ -60,14 +60,14 @@ impl PoolStore for MemoryStore {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let mut pools = self.pools();
         let Some(current) = pools.get_mut(key) else {
             return Ok(Updated::Gone);
         };
-        if current.incarnation != incarnation {
+        if current.incarnation != read.incarnation {
             return Ok(Updated::Lost(current.clone()));
         }
         match current.pool.apply(update) {
@@ -77,6 +77,17 @@ impl PoolStore for MemoryStore {
             }
             Err(_) => Ok(Updated::Lost(current.clone())),
         }
+    }
+
+    /// The pool here holds its segments itself: the pool item's write is
+    /// all there is.
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.update(key, read, &plan.update).await
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {

@@ -120,12 +120,14 @@ pub trait PoolStore: Send + Sync {
     /// Stores a new pool unless one exists.
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError>;
 
-    /// Applies `update` if the stored pool is `incarnation` and every
-    /// expectation of the update holds.
+    /// Applies `update`, planned on `read`, if the stored pool is `read`'s
+    /// incarnation and every expectation of the update holds. (A store that
+    /// keeps slots apart from the pool item knows from `read` those the
+    /// write leaves as they were.)
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError>;
 
@@ -134,16 +136,14 @@ pub trait PoolStore: Send + Sync {
 
     /// Moves a split pool's hot entries to their segment: writes the
     /// segment (conditioned on its version as read), then the pool item
-    /// (`plan.update`). This default is for a store whose pool holds its
-    /// segments itself (in memory): the pool item's write is all there is.
+    /// (`plan.update`). (Every wrapper must forward it: a store's own
+    /// `update` of `plan.update` alone would lose the segment.)
     async fn compact(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         plan: &CompactionPlan,
-    ) -> Result<Updated, StoreError> {
-        self.update(key, incarnation, &plan.update).await
-    }
+    ) -> Result<Updated, StoreError>;
 
     /// Takes the pool's next ticket number (async mode) if it is below
     /// `below`: [`Numbered::Taken`] with the record as the write left it (its
@@ -159,10 +159,7 @@ pub trait PoolStore: Send + Sync {
             if record.pool.line().next >= below {
                 return Ok(Numbered::Full(record));
             }
-            match self
-                .update(key, record.incarnation, &Pool::plan_number())
-                .await?
-            {
+            match self.update(key, &record, &Pool::plan_number()).await? {
                 Updated::Written(record) => return Ok(Numbered::Taken(record)),
                 Updated::Lost(_) => continue,
                 Updated::Gone => return Ok(Numbered::Gone),

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use semaphore::domain::{Change, Expect, Update};
+use semaphore::domain::{Change, CompactionPlan, Expect, Update};
 use semaphore::keys::PoolKey;
 use semaphore::service::Timing;
 use semaphore::store::{
@@ -152,10 +152,20 @@ impl PoolStore for Delayed {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        self.around(self.inner.update(key, incarnation, update))
+        self.around(self.inner.update(key, read, update)).await
+    }
+
+    /// Two requests (the segment, then the pool item): delayed twice.
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.around(self.around(self.inner.compact(key, read, plan)))
             .await
     }
 
@@ -265,15 +275,17 @@ impl Around for Classified {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let kind = write_kind(update);
-        let outcome = self.inner.update(key, incarnation, update).await;
+        let outcome = self.inner.update(key, read, update).await;
         let how = match &outcome {
             Ok(Updated::Written(_)) => "won",
             Ok(Updated::Gone) => "lost: pool gone",
-            Ok(Updated::Lost(current)) if current.incarnation != incarnation => "lost: incarnation",
+            Ok(Updated::Lost(current)) if current.incarnation != read.incarnation => {
+                "lost: read.incarnation"
+            }
             Ok(Updated::Lost(current)) => match current.pool.apply(update) {
                 Err(failed) => expect_kind(&failed.0),
                 Ok(_) => "lost: not reproduced",

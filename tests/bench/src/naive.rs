@@ -86,7 +86,7 @@ impl Naive {
                 }
             };
             let update = pinned(update, &record.pool);
-            match self.store.update(key, record.incarnation, &update).await? {
+            match self.store.update(key, &record, &update).await? {
                 Updated::Written(now_stored) => {
                     if let Some(lease) = now_stored.pool.live_lease(holder.digest, now_ms()) {
                         return Ok(Some(lease));
@@ -108,7 +108,7 @@ impl Naive {
                 return Ok(false);
             };
             let update = pinned(update, &record.pool);
-            match self.store.update(key, record.incarnation, &update).await? {
+            match self.store.update(key, &record, &update).await? {
                 Updated::Written(_) => return Ok(true),
                 Updated::Lost(_) => {}
                 Updated::Gone => return Err(gone()),

@@ -1,6 +1,6 @@
 //! A pool item to and from its attributes ([`super::schema`]).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -8,13 +8,13 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, BASE, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, INCARNATION, LEGACY_ENDED,
-    LISTED, NEXT_TICKET, QUEUE, SLOTS, STAMPS,
+    ACTIVE, ADMITTED, BASE, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS, INCARNATION,
+    LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
 use super::schema::{PK, POOL_ITEM, SK};
 use crate::domain::{
-    AsyncLine, Ended, GiveUp, GivenUp, Holder, LeaseDigest, Pool, Sizing, Slot, Stamp, Ticket,
-    ENDED_RING, MAX_COUNT,
+    AsyncLine, Ended, GiveUp, GivenUp, Holder, Layout, LeaseDigest, Pool, Sizing, Slot, Split,
+    Stamp, Ticket, ENDED_RING, MAX_COUNT,
 };
 use crate::keys::PoolKey;
 use crate::store::{Record, StoreError, StoreErrorKind};
@@ -122,16 +122,56 @@ fn ended_of(bytes: &[u8]) -> Option<Ended> {
     })
 }
 
+/// A slot as stored: the holder (or `0`) and its stamp (or `0`).
+pub(super) fn slot_values(slot: &Slot) -> (AttributeValue, AttributeValue) {
+    match slot {
+        Slot::Free => (number(0), number(0)),
+        Slot::Held { holder, stamp } => (holder_value(*holder), stamp_value(*stamp)),
+    }
+}
+
+/// A pool's slots as its item stores them: every one in `s` and `g` (flat),
+/// or the hot ones in `h` and `t` and the segments' versions in `k` (split).
+fn slot_attributes(pool: &Pool) -> Vec<(String, AttributeValue)> {
+    match pool.layout() {
+        Layout::Flat => {
+            let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) =
+                pool.slots().iter().map(slot_values).unzip();
+            vec![
+                (SLOTS.to_string(), AttributeValue::L(slots)),
+                (STAMPS.to_string(), AttributeValue::L(stamps)),
+            ]
+        }
+        Layout::Split(split) => {
+            let (hot, stamps): (
+                HashMap<String, AttributeValue>,
+                HashMap<String, AttributeValue>,
+            ) = split
+                .hot()
+                .iter()
+                .map(|&p| {
+                    let slot = pool.slots().get(usize::from(p)).unwrap_or(&Slot::Free);
+                    let (holder, stamp) = slot_values(slot);
+                    ((p.to_string(), holder), (p.to_string(), stamp))
+                })
+                .unzip();
+            let versions = split
+                .versions()
+                .iter()
+                .map(|(k, v)| (k.to_string(), number(*v)))
+                .collect();
+            vec![
+                (HOT.to_string(), AttributeValue::M(hot)),
+                (HOT_STAMPS.to_string(), AttributeValue::M(stamps)),
+                (SEGMENTS.to_string(), AttributeValue::M(versions)),
+            ]
+        }
+    }
+}
+
+/// The pool item of `record` (a split pool's cold slots are its segments').
 pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
     let pool = &record.pool;
-    let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) = pool
-        .slots()
-        .iter()
-        .map(|slot| match slot {
-            Slot::Free => (number(0), number(0)),
-            Slot::Held { holder, stamp } => (holder_value(*holder), stamp_value(*stamp)),
-        })
-        .unzip();
     let mut item = pool_key(key);
     item.extend([
         (INCARNATION.to_string(), number(record.incarnation)),
@@ -141,8 +181,6 @@ pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
             FENCE.to_string(),
             AttributeValue::N((u128::from(pool.next_fence()) * STAMP_SCALE).to_string()),
         ),
-        (SLOTS.to_string(), AttributeValue::L(slots)),
-        (STAMPS.to_string(), AttributeValue::L(stamps)),
         (
             QUEUE.to_string(),
             AttributeValue::L(
@@ -171,6 +209,7 @@ pub(super) fn encode(key: &PoolKey, record: &Record) -> Item {
             ),
         ),
     ]);
+    item.extend(slot_attributes(pool));
     item.extend(
         pool.ended()
             .iter()
@@ -270,13 +309,73 @@ impl<'a> Attrs<'a> {
     }
 }
 
+/// One stored slot (as in `s` and `g`): `None` when free.
+pub(super) fn decode_slot(
+    slot: &AttributeValue,
+    stamp: &AttributeValue,
+) -> Result<Option<Slot>, StoreError> {
+    let corrupt = || StoreError::new(StoreErrorKind::Corrupt, "segment item: slot");
+    match slot {
+        AttributeValue::N(n) if n == "0" => Ok(None),
+        AttributeValue::B(blob) => {
+            let holder = Holder::from_bytes(blob.as_ref()).ok_or_else(corrupt)?;
+            let stamp = match stamp {
+                AttributeValue::N(n) => n.parse::<u128>().ok().and_then(stamp_of),
+                _ => None,
+            }
+            .ok_or_else(corrupt)?;
+            Ok(Some(Slot::Held { holder, stamp }))
+        }
+        _ => Err(corrupt()),
+    }
+}
+
+/// A flat pool item's record. (A split one's needs its cold slots:
+/// [`decode_split`].)
+#[cfg(test)]
 pub(super) fn decode(item: &Item) -> Result<Record, StoreError> {
+    decode_split(item, &Cold::default())
+}
+
+/// Whether a pool item keeps only its hot slots (its others in segments).
+pub(super) fn is_split(item: &Item) -> bool {
+    item.contains_key(HOT)
+}
+
+/// A split pool's cold slots as its segments hold them: each segment item's
+/// own version, and the held positions (free ones are not listed).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) struct Cold {
+    pub(super) stored: BTreeMap<u16, u32>,
+    pub(super) held: BTreeMap<u16, Slot>,
+}
+
+/// The segments' versions a split pool item records (`k`).
+pub(super) fn segment_versions(item: &Item) -> Result<BTreeMap<u16, u32>, StoreError> {
+    let a = Attrs { item };
+    a.map(SEGMENTS)?
+        .iter()
+        .map(|(k, v)| {
+            let segment = k.parse::<u16>().map_err(|_| a.corrupt(SEGMENTS))?;
+            let version =
+                u32::try_from(a.small(Some(v), SEGMENTS)?).map_err(|_| a.corrupt(SEGMENTS))?;
+            Ok((segment, version))
+        })
+        .collect()
+}
+
+/// A pool item's record; a split one's cold slots from `cold`.
+pub(super) fn decode_split(item: &Item, cold: &Cold) -> Result<Record, StoreError> {
     let a = Attrs { item };
     let incarnation = a.small(item.get(INCARNATION), INCARNATION)?;
     let sizing = sizing(&a)?;
     let base_us = a.small(item.get(BASE), BASE)?;
     let next_fence = next_fence(&a)?;
-    let slots = slots(&a)?;
+    let (slots, layout) = if is_split(item) {
+        split_slots(&a, sizing.count, cold)?
+    } else {
+        (slots(&a)?, Layout::Flat)
+    };
     let queue = queue(&a)?;
     let given_up = given_up(&a)?;
     let ended = ended(&a)?;
@@ -284,8 +383,52 @@ pub(super) fn decode(item: &Item) -> Result<Record, StoreError> {
     let pool = Pool::from_parts(sizing, base_us, next_fence, slots, queue, given_up, ended)
         .map(|pool| pool.with_legacy_ended(item.contains_key(LEGACY_ENDED)))
         .and_then(|pool| pool.with_line(line))
+        .map(|pool| pool.with_layout(layout))
         .map_err(|e| a.corrupt(e.0))?;
     Ok(Record { incarnation, pool })
+}
+
+/// A split pool's slots: each hot one as the item holds it, each other as
+/// `cold` does (free when no segment holds it).
+fn split_slots(a: &Attrs, count: u16, cold: &Cold) -> Result<(Vec<Slot>, Layout), StoreError> {
+    let (hot, stamps) = (a.map(HOT)?, a.map(HOT_STAMPS)?);
+    let mut slots: BTreeMap<u16, Slot> = cold.held.clone();
+    let mut positions = BTreeSet::new();
+    for (key, holder) in hot {
+        let position = key
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p < MAX_COUNT)
+            .ok_or_else(|| a.corrupt(HOT))?;
+        positions.insert(position);
+        match holder {
+            AttributeValue::N(n) if n == "0" => {
+                slots.remove(&position);
+            }
+            held => {
+                let stamp = stamps.get(key).ok_or_else(|| a.corrupt(HOT_STAMPS))?;
+                slots.insert(
+                    position,
+                    Slot::Held {
+                        holder: a.holder(held, "hot slot")?,
+                        stamp: a.stamp(stamp)?,
+                    },
+                );
+            }
+        }
+    }
+    let len = slots
+        .keys()
+        .next_back()
+        .map_or(0, |p| usize::from(*p) + 1)
+        .max(usize::from(count));
+    let mut list = vec![Slot::Free; len];
+    for (p, slot) in slots {
+        list[usize::from(p)] = slot;
+    }
+    let versions = segment_versions(a.item)?;
+    let split = Split::new(positions, versions, cold.stored.clone());
+    Ok((list, Layout::Split(Box::new(split))))
 }
 
 fn sizing(a: &Attrs) -> Result<Sizing, StoreError> {
@@ -409,6 +552,58 @@ mod tests {
     use super::super::test_support::{churned_pool, full_pool, holder, NOW};
     use super::*;
     use crate::domain::ReturnPlan;
+
+    /// A split pool item with its cold slots: every slot where it was,
+    /// hot ones in the item, the others from `Cold`.
+    #[test]
+    fn split_items_round_trip_with_their_cold_slots() {
+        use crate::domain::{Compaction, FLAT_MAX};
+        let key = PoolKey([9; 16]);
+        let full = full_pool(100, 2, 0);
+        let split = full.pool.clone().split_above(FLAT_MAX);
+        assert!(matches!(split.layout(), Layout::Split(_)));
+        // Nothing hot yet: the slots are all cold.
+        let record = Record {
+            incarnation: 5,
+            pool: split.clone(),
+        };
+        let item = encode(&key, &record);
+        assert!(is_split(&item) && !item.contains_key(SLOTS));
+        let cold = Cold {
+            stored: BTreeMap::new(),
+            held: split
+                .slots()
+                .iter()
+                .enumerate()
+                .map(|(p, s)| (p as u16, *s))
+                .collect(),
+        };
+        assert_eq!(decode_split(&item, &cold).unwrap(), record);
+        // A return hands position 70 to the first waiter (hot); once that
+        // lease is old enough, compaction moves it to segment 1.
+        let ReturnPlan::Return(_, update) = split.plan_return(holder(70, 30_000).digest, NOW + 1)
+        else {
+            panic!()
+        };
+        let after = split.apply(&split.lower(&update).0).unwrap();
+        let config = Compaction {
+            hot_max: 0,
+            ..Compaction::DEFAULT
+        };
+        let plan = after.plan_compaction(config, NOW + 10_000).unwrap();
+        assert_eq!(plan.segment, 1);
+        let after = after.apply(&plan.update).unwrap();
+        let record = Record {
+            incarnation: 5,
+            pool: after.clone(),
+        };
+        let mut cold = cold.clone();
+        cold.held.insert(70, plan.slots[70 - 64]);
+        cold.stored.insert(1, 1);
+        let decoded = decode_split(&encode(&key, &record), &cold).unwrap();
+        assert_eq!(decoded.pool.slots(), after.slots());
+        assert_eq!(decoded, record);
+    }
 
     #[test]
     fn items_round_trip() {

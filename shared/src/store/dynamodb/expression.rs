@@ -26,8 +26,14 @@ pub(super) struct Expression {
 }
 
 impl Expression {
-    pub(super) fn of(incarnation: u64, update: &Update) -> Self {
-        let mut e = ExpressionBuilder::default();
+    /// `update` on a pool item of `incarnation`; `split`: one that holds
+    /// only its hot slots, as maps by position (`h`, `t`), where a flat one
+    /// holds every slot in lists (`s`, `g`).
+    pub(super) fn of(incarnation: u64, update: &Update, split: bool) -> Self {
+        let mut e = ExpressionBuilder {
+            split,
+            ..ExpressionBuilder::default()
+        };
         let inc = e.value(number(incarnation));
         let mut conditions = vec![format!("{INCARNATION} = {inc}")];
         for expect in &update.expect {
@@ -45,8 +51,19 @@ impl Expression {
 fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
     match *expect {
         Expect::Count(sizing) => format!("{COUNT} = {}", e.value(sizing_value(sizing))),
-        Expect::SlotsLen(len) => format!("size({SLOTS}) = {}", e.value(number(len))),
-        Expect::SlotFree(position) => format!("{SLOTS}[{position}] = {}", e.zero()),
+        // A split item has no list of slots (`Pool::lower` drops this).
+        Expect::SlotsLen(len) if !e.split => {
+            format!("size({SLOTS}) = {}", e.value(number(len)))
+        }
+        Expect::SlotsLen(_) => format!("attribute_exists({HOT})"),
+        Expect::SlotFree(position) => {
+            let slot = e.slot(position);
+            format!("{slot} = {}", e.zero())
+        }
+        Expect::SlotStamp { position, stamp } if e.split => {
+            let path = e.key(HOT_STAMPS, "p", position);
+            format!("{path} = {}", e.value(stamp_value(stamp)))
+        }
         Expect::SlotStamp { position, stamp } => {
             format!("{STAMPS}[{position}] = {}", e.value(stamp_value(stamp)))
         }
@@ -56,6 +73,10 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
             format!("{QUEUE}[{index}] = {}", e.holder(holder))
         }
         Expect::NotQueued(holder) => format!("NOT contains({QUEUE}, {})", e.holder(holder)),
+        // A split item's hot slots are a map, which no condition searches
+        // (`Pool::lower` leaves this to a check after the write): never
+        // true there, rather than silently so.
+        Expect::NotHeld(_) if e.split => format!("attribute_not_exists({INCARNATION})"),
         Expect::NotHeld(holder) => format!("NOT contains({SLOTS}, {})", e.holder(holder)),
         Expect::NotGivenUp(digest) => format!("attribute_not_exists({})", e.given_up(digest)),
         Expect::GivenUpIs(given_up) => {
@@ -185,12 +206,10 @@ impl Clauses {
                 holder,
                 now_ms,
             } => {
+                let (slot, stamp) = (e.slot(position), e.stamp(position));
+                self.sets.push(format!("{slot} = {}", e.holder(holder)));
                 self.sets
-                    .push(format!("{SLOTS}[{position}] = {}", e.holder(holder)));
-                self.sets.push(format!(
-                    "{STAMPS}[{position}] = {FENCE} + {}",
-                    e.value(number(now_ms))
-                ));
+                    .push(format!("{stamp} = {FENCE} + {}", e.value(number(now_ms))));
                 self.fences += 1;
             }
             Change::HandOff {
@@ -200,15 +219,15 @@ impl Clauses {
                 now_ms,
             } => {
                 let zero = e.zero();
-                self.sets.push(format!(
-                    "{SLOTS}[{position}] = if_not_exists({QUEUE}[{from}], {zero})"
-                ));
+                let slot = e.slot(position);
+                self.sets
+                    .push(format!("{slot} = if_not_exists({QUEUE}[{from}], {zero})"));
                 // The write's `nth` fence: the counter plus `nth`.
                 let stamp =
                     u128::from(now_ms.saturating_add(HANDED)) + u128::from(nth) * STAMP_SCALE;
                 let handed = e.value(AttributeValue::N(stamp.to_string()));
-                self.sets
-                    .push(format!("{STAMPS}[{position}] = {FENCE} + {handed}"));
+                let stamp = e.stamp(position);
+                self.sets.push(format!("{stamp} = {FENCE} + {handed}"));
                 self.fences += 1;
                 for index in 0..=from {
                     self.removes.insert(format!("{QUEUE}[{index}]"));
@@ -217,9 +236,13 @@ impl Clauses {
             }
             Change::Free(position) => {
                 let zero = e.zero();
-                self.sets.push(format!("{SLOTS}[{position}] = {zero}"));
-                self.sets.push(format!("{STAMPS}[{position}] = {zero}"));
+                let (slot, stamp) = (e.slot(position), e.stamp(position));
+                self.sets.push(format!("{slot} = {zero}"));
+                self.sets.push(format!("{stamp} = {zero}"));
             }
+            // A split item stores no free slot past the hot ones: nothing to
+            // add or remove (`Pool::lower` frees a truncated held one).
+            Change::Extend(_) | Change::Truncate { .. } if e.split => {}
             Change::Extend(n) => {
                 let zeros = e.value(AttributeValue::L(vec![number(0); n]));
                 self.sets
@@ -317,9 +340,29 @@ struct ExpressionBuilder {
     names: HashMap<String, String>,
     values: HashMap<String, AttributeValue>,
     zero: Option<String>,
+    /// A split pool item: slots are `h.#pN`, `t.#pN`, not `s[N]`, `g[N]`.
+    split: bool,
 }
 
 impl ExpressionBuilder {
+    /// The path of a slot's holder.
+    fn slot(&mut self, position: u16) -> String {
+        if self.split {
+            self.key(HOT, "p", position)
+        } else {
+            format!("{SLOTS}[{position}]")
+        }
+    }
+
+    /// The path of a slot's stamp.
+    fn stamp(&mut self, position: u16) -> String {
+        if self.split {
+            self.key(HOT_STAMPS, "p", position)
+        } else {
+            format!("{STAMPS}[{position}]")
+        }
+    }
+
     fn value(&mut self, value: AttributeValue) -> String {
         if let Some((existing, _)) = self.values.iter().find(|(_, v)| **v == value) {
             return existing.clone();
@@ -392,7 +435,7 @@ mod tests {
         else {
             panic!()
         };
-        let e = Expression::of(7, &update);
+        let e = Expression::of(7, &update, false);
         assert_eq!(e.condition, "i = :v0 AND g[1] = :v1");
         assert_eq!(e.update, "SET s[1] = :v2, g[1] = :v2");
         // With a waiter: the hand-off names no ticket and no other slot.
@@ -401,7 +444,7 @@ mod tests {
             panic!()
         };
         pool = pool.apply(&join).unwrap();
-        let e = Expression::of(7, &join);
+        let e = Expression::of(7, &join, false);
         assert_eq!(
             e.condition,
             "i = :v0 AND attribute_not_exists(x.#t0) AND (attribute_not_exists(n) OR a = n) AND size(q) < :v1 AND NOT contains(q, :v2) AND NOT contains(s, :v2)"
@@ -414,7 +457,7 @@ mod tests {
         else {
             panic!()
         };
-        let e = Expression::of(7, &update);
+        let e = Expression::of(7, &update, false);
         assert_eq!(e.condition, "i = :v0 AND g[1] = :v1 AND c = :v2");
         assert_eq!(
             e.update,
@@ -519,13 +562,64 @@ mod tests {
         writes
     }
 
+    /// The writes of a split pool, as its pool item checks them.
+    fn every_split_write() -> Vec<(&'static str, Update)> {
+        use crate::domain::{BorrowPlan, Compaction, ReturnPlan};
+        let now = NOW;
+        let mut writes = Vec::new();
+        let lowered = |pool: &Pool, update: &Update| pool.lower(update).0;
+        let mut pool = Pool::new(100, now * 1000);
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(1, 10_000), now, now, 100)
+        else {
+            panic!()
+        };
+        let update = lowered(&pool, &update);
+        writes.push(("split: take a cold slot", update.clone()));
+        pool = pool.apply(&update).unwrap();
+        let config = Compaction {
+            hot_max: 0,
+            ..Compaction::DEFAULT
+        };
+        let later = now + 5_000;
+        let plan = pool.plan_compaction(config, later).unwrap();
+        writes.push(("split: compaction", plan.update.clone()));
+        pool = pool.apply(&plan.update).unwrap();
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 10_000).digest, later)
+        else {
+            panic!()
+        };
+        writes.push(("split: return a cold lease", lowered(&pool, &update)));
+        // A hot slot handed to the head of the queue by its return.
+        let mut pool = Pool::new(1, now * 1000).split_above(0);
+        for (n, give_up) in [(1, now), (2, now + 25_000)] {
+            let update = match pool.plan_borrow(holder(n, 30_000), give_up, now, 100) {
+                BorrowPlan::Take { update, .. } | BorrowPlan::Join(update) => update,
+                other => panic!("{other:?}"),
+            };
+            pool = pool.apply(&lowered(&pool, &update)).unwrap();
+        }
+        let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 30_000).digest, now) else {
+            panic!()
+        };
+        writes.push(("split: return, handing off", lowered(&pool, &update)));
+        writes
+    }
+
     /// docs/DESIGN.md shows every write's exact expressions, as the code makes them.
     #[test]
     fn the_design_document_shows_every_write() {
         let design = include_str!("../../../../docs/DESIGN.md");
         let mut missing = Vec::new();
-        for (name, update) in every_write() {
-            let e = Expression::of(7, &update);
+        for (name, update, split) in every_write()
+            .into_iter()
+            .map(|(name, update)| (name, update, false))
+            .chain(
+                every_split_write()
+                    .into_iter()
+                    .map(|(name, update)| (name, update, true)),
+            )
+        {
+            let e = Expression::of(7, &update, split);
             println!(
                 "{name}:\n  ConditionExpression: {}\n  UpdateExpression: {}",
                 e.condition, e.update
@@ -559,7 +653,7 @@ mod tests {
         else {
             panic!()
         };
-        let e = Expression::of(7, &update);
+        let e = Expression::of(7, &update, false);
         assert!(e.update.ends_with("REMOVE e"), "{}", e.update);
         assert!(!pool.apply(&update).unwrap().has_legacy_ended());
     }
@@ -610,7 +704,7 @@ mod tests {
         let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 60_000).digest, now) else {
             panic!()
         };
-        let e = Expression::of(7, &update);
+        let e = Expression::of(7, &update, false);
         assert_eq!(e.update.matches("r2").count(), 1, "{}", e.update);
         assert!(!e.condition.contains("r2"), "{}", e.condition);
         let after = pool.apply(&update).unwrap();

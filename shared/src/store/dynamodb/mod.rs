@@ -30,17 +30,19 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use super::{Created, Numbered, PoolStore, Record, StoreError, StoreErrorKind, Updated};
-use crate::domain::{Layout, Pool, Update};
+use crate::domain::{CompactionPlan, Layout, Pool, Update};
 use crate::keys::PoolKey;
-use codec::{decode, encode, number, Item};
+use codec::{encode, number, Item};
 use expression::Expression;
 use schema::pool_item::{INCARNATION, NEXT_TICKET};
 use schema::ticket_item::EXPIRES_AT;
+use segments::cold_after;
 
 mod admin;
 mod codec;
 mod expression;
 pub mod schema;
+mod segments;
 #[cfg(any(test, feature = "measure"))]
 mod size;
 #[cfg(test)]
@@ -237,24 +239,19 @@ impl DynamoDbStore {
 
 #[async_trait]
 impl PoolStore for DynamoDbStore {
+    /// The pool item (`GetItem`), and a split pool's segments after it.
     async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        self.get(pool_key(key))
-            .await?
-            .as_ref()
-            .map(decode)
-            .transpose()
+        match self.get(pool_key(key)).await? {
+            Some(item) => Ok(Some(self.record_of(key, &item, None).await?)),
+            None => Ok(None),
+        }
     }
 
     async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
         let Some(item) = self.put_new(self.touched(encode(key, record))).await? else {
-            // Stored as it reads back: every slot in the pool item.
-            let pool = record.pool.clone().with_layout(Layout::Flat);
-            return Ok(Created::Created(Record {
-                incarnation: record.incarnation,
-                pool,
-            }));
+            return Ok(Created::Created(record.clone()));
         };
-        let current = decode(&item)?;
+        let current = self.record_of(key, &item, None).await?;
         Ok(if current.incarnation == record.incarnation {
             // Our own create, landed on an earlier SDK attempt.
             Created::Created(current)
@@ -268,21 +265,47 @@ impl PoolStore for DynamoDbStore {
     async fn update(
         &self,
         key: &PoolKey,
-        incarnation: u64,
+        read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let mut expr = Expression::of(incarnation, update);
+        let split = matches!(read.pool.layout(), Layout::Split(_));
+        let mut expr = Expression::of(read.incarnation, update, split);
         self.touch(&mut expr);
         Ok(match self.update_item(pool_key(key), expr).await? {
-            Written::Now(item) => Updated::Written(decode(&item)?),
-            Written::Lost(Some(item)) => Updated::Lost(decode(&item)?),
+            Written::Now(item) => Updated::Written(self.record_of(key, &item, Some(read)).await?),
+            Written::Lost(Some(item)) => {
+                Updated::Lost(self.record_of(key, &item, Some(read)).await?)
+            }
+            Written::Lost(None) => Updated::Gone,
+        })
+    }
+
+    /// The segment (a `PutItem` conditioned on its version as read), then
+    /// the pool item. A crash between them leaves the segment ahead: the
+    /// next compaction catches the pool item up first.
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        if !plan.slots.is_empty() && !self.put_segment(key, read.incarnation, plan).await? {
+            // Another compaction wrote it first.
+            return Ok(Updated::Lost(read.clone()));
+        }
+        let mut expr = Expression::of(read.incarnation, &plan.update, true);
+        self.touch(&mut expr);
+        let cold = cold_after(read, plan);
+        Ok(match self.update_item(pool_key(key), expr).await? {
+            Written::Now(item) => Updated::Written(codec::decode_split(&item, &cold)?),
+            Written::Lost(Some(item)) => Updated::Lost(self.record_of(key, &item, None).await?),
             Written::Lost(None) => Updated::Gone,
         })
     }
 
     /// One `UpdateItem`, conditioned only on the pool existing.
     async fn number_ticket(&self, key: &PoolKey, below: u64) -> Result<Numbered, StoreError> {
-        let mut expr = Expression::of(0, &Pool::plan_number());
+        let mut expr = Expression::of(0, &Pool::plan_number(), false);
         expr.values
             .retain(|placeholder, _| expr.update.contains(placeholder.as_str()));
         // The pool's first number is 0 (no attribute yet).
@@ -292,8 +315,10 @@ impl PoolStore for DynamoDbStore {
         expr.values.insert(":below".into(), number(below));
         self.touch(&mut expr);
         Ok(match self.update_item(pool_key(key), expr).await? {
-            Written::Now(item) => Numbered::Taken(decode(&item)?),
-            Written::Lost(Some(item)) if !item.is_empty() => Numbered::Full(decode(&item)?),
+            Written::Now(item) => Numbered::Taken(self.record_of(key, &item, None).await?),
+            Written::Lost(Some(item)) if !item.is_empty() => {
+                Numbered::Full(self.record_of(key, &item, None).await?)
+            }
             Written::Lost(_) => Numbered::Gone,
         })
     }
@@ -311,7 +336,12 @@ impl PoolStore for DynamoDbStore {
             .await
             .map_err(store_error)?;
         self.record(out.consumed_capacity());
-        Ok(out.attributes().is_some_and(|a| !a.is_empty()))
+        let old = out.attributes().filter(|a| !a.is_empty());
+        // A split pool's segments go with it (none of them counts as the pool).
+        if old.is_some_and(codec::is_split) {
+            self.delete_segments(key).await?;
+        }
+        Ok(old.is_some())
     }
 }
 

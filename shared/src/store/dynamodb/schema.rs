@@ -25,6 +25,19 @@
 //! | `wk` | N | async mode, AWS only: the dispatcher's pending wake of the pool (Unix ms): invocations that want it or a later one send none (`delivery/handler.rs`) |
 //! | `xp` | N | only with `IDLE_POOL_DAYS`: when DynamoDB may delete the pool (Unix s), set by every write to now + the days + the longest lease or ticket wait. No decision reads it |
 //!
+//! A split pool's item (count above 48) holds, instead of `s` and `g`, only
+//! its hot slots, and its segments' versions:
+//!
+//! | attribute | type | holds |
+//! |---|---|---|
+//! | `h`  | M | hot slots: position → the holder (B), or `0` when free |
+//! | `t`  | M | their stamps: position → stamp, as in `g` |
+//! | `k`  | M | segment → the version its cold slots are read from (absent: never compacted, all free) |
+//!
+//! Segment items (split pools), one per 64 positions, written only by
+//! compaction: sort key `00` ‖ segment (2 bytes); `i` the incarnation, `v`
+//! the version, `s` and `g` the 64 slots as in the pool item.
+//!
 //! Ticket items (async mode), one per ticket (see `tickets.rs`):
 //!
 //! | attribute | type | holds |
@@ -54,6 +67,29 @@ pub const BY_TICKET: &str = "by_ticket";
 pub const NUMBER: &str = "tn";
 /// The first byte of every ticket item's sort key (the pool item's is `00`).
 pub const TICKET_ITEM: u8 = 1;
+
+/// A split pool's segment item's sort key: `00` (the pool item's), then the
+/// segment's number (2 bytes, big-endian). They sort right after the pool
+/// item and before the tickets, so one `Query` reads them in order.
+pub fn segment_sort_key(segment: u16) -> [u8; 3] {
+    let [hi, lo] = segment.to_be_bytes();
+    [POOL_ITEM[0], hi, lo]
+}
+
+/// A segment item's attributes (besides the keys): the cold slots of
+/// [`crate::domain::SEGMENT_SLOTS`] positions, written only by compaction.
+pub mod segment_item {
+    /// The pool's incarnation: a segment of an earlier pool of the same id
+    /// reads as never written.
+    pub const INCARNATION: &str = "i";
+    /// The segment's version: the pool item's `k` records the one its cold
+    /// slots are read from.
+    pub const VERSION: &str = "v";
+    /// The holders, as the pool item's `s` (`0` when free).
+    pub const SLOTS: &str = "s";
+    /// Their grant stamps, as the pool item's `g`.
+    pub const STAMPS: &str = "g";
+}
 
 /// The pool item's attributes (besides the keys).
 pub mod pool_item {
@@ -137,6 +173,31 @@ mod tests {
     use super::pool_item::*;
     use super::ticket_item::*;
     use super::*;
+
+    /// A segment write (compaction) never invokes the dispatcher: its sort
+    /// key is not the pool item's, and it carries no ticket number; nor do
+    /// the filter's patterns match it (their sort key is exactly `00`).
+    #[test]
+    fn segment_items_never_dispatch() {
+        for segment in [0, 1, 15, u16::MAX] {
+            let sk = segment_sort_key(segment);
+            assert_ne!(&sk[..], &POOL_ITEM[..]);
+            assert!(
+                sk[..] > POOL_ITEM[..] && sk[0] < TICKET_ITEM,
+                "between the pool item and tickets"
+            );
+            let has = |name: &str| {
+                [
+                    segment_item::INCARNATION,
+                    segment_item::VERSION,
+                    segment_item::SLOTS,
+                    segment_item::STAMPS,
+                ]
+                .contains(&name)
+            };
+            assert!(!dispatches(&sk, has, true) && !dispatches(&sk, has, false));
+        }
+    }
 
     /// template.yaml declares the table by these names: its keys, index and
     /// TTL attribute, the stream filter [`dispatches`] mirrors, and the

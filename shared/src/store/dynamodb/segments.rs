@@ -1,0 +1,330 @@
+//! A split pool's segment items: its cold slots, 64 positions an item,
+//! written only by compaction (see `domain/layout.rs`). Read after the pool
+//! item, in one `Query`; a segment of an earlier incarnation of the pool
+//! reads as never written.
+
+use std::collections::BTreeMap;
+
+use aws_sdk_dynamodb::operation::put_item::PutItemError;
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+
+use super::codec::{
+    decode_slot, decode_split, is_split, number, segment_versions, slot_values, Cold, Item,
+};
+use super::schema::segment_item::{INCARNATION, SLOTS, STAMPS, VERSION};
+use super::schema::{segment_sort_key, PK, POOL_ITEM, SK};
+use super::{store_error, DynamoDbStore};
+use crate::domain::{CompactionPlan, Layout, Slot, SEGMENT_SLOTS};
+use crate::keys::PoolKey;
+use crate::store::{Record, StoreError, StoreErrorKind};
+
+/// A segment item's primary key.
+fn segment_key(key: &PoolKey, segment: u16) -> Item {
+    Item::from([
+        (PK.to_string(), AttributeValue::B(Blob::new(key.0.to_vec()))),
+        (
+            SK.to_string(),
+            AttributeValue::B(Blob::new(segment_sort_key(segment).to_vec())),
+        ),
+    ])
+}
+
+/// The segment item a compaction writes.
+fn encode_segment(key: &PoolKey, incarnation: u64, plan: &CompactionPlan) -> Item {
+    let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) =
+        plan.slots.iter().map(slot_values).unzip();
+    let mut item = segment_key(key, plan.segment);
+    item.extend([
+        (INCARNATION.to_string(), number(incarnation)),
+        (VERSION.to_string(), number(plan.version)),
+        (SLOTS.to_string(), AttributeValue::L(slots)),
+        (STAMPS.to_string(), AttributeValue::L(stamps)),
+    ]);
+    item
+}
+
+fn corrupt(what: &str) -> StoreError {
+    StoreError::new(StoreErrorKind::Corrupt, format!("segment item: {what}"))
+}
+
+/// Adds one segment item's held slots and version to `cold`, unless it is
+/// of another incarnation.
+fn add_segment(item: &Item, incarnation: u64, cold: &mut Cold) -> Result<(), StoreError> {
+    let small = |name: &str| match item.get(name) {
+        Some(AttributeValue::N(n)) => n.parse::<u64>().map_err(|_| corrupt(name)),
+        _ => Err(corrupt(name)),
+    };
+    if small(INCARNATION)? != incarnation {
+        return Ok(());
+    }
+    let segment = match item.get(SK) {
+        Some(AttributeValue::B(sk)) => match sk.as_ref() {
+            [first, hi, lo] if *first == POOL_ITEM[0] => u16::from_be_bytes([*hi, *lo]),
+            _ => return Err(corrupt(SK)),
+        },
+        _ => return Err(corrupt(SK)),
+    };
+    let version = u32::try_from(small(VERSION)?).map_err(|_| corrupt(VERSION))?;
+    let (Some(AttributeValue::L(slots)), Some(AttributeValue::L(stamps))) =
+        (item.get(SLOTS), item.get(STAMPS))
+    else {
+        return Err(corrupt(SLOTS));
+    };
+    if slots.len() != usize::from(SEGMENT_SLOTS) || stamps.len() != slots.len() {
+        return Err(corrupt("slots and stamps"));
+    }
+    let base = segment
+        .checked_mul(SEGMENT_SLOTS)
+        .ok_or_else(|| corrupt(SK))?;
+    for (i, (slot, stamp)) in slots.iter().zip(stamps).enumerate() {
+        let Some(held) = decode_slot(slot, stamp)? else {
+            continue;
+        };
+        cold.held.insert(base + i as u16, held);
+    }
+    cold.stored.insert(segment, version);
+    Ok(())
+}
+
+impl DynamoDbStore {
+    /// The segment items of the pool, in one strongly consistent `Query`
+    /// (read after the pool item: a segment is never older than the version
+    /// the pool item records), as cold slots of `incarnation`.
+    pub(super) async fn cold(&self, key: &PoolKey, incarnation: u64) -> Result<Cold, StoreError> {
+        let mut cold = Cold::default();
+        for item in self.segment_items(key, false).await? {
+            add_segment(&item, incarnation, &mut cold)?;
+        }
+        Ok(cold)
+    }
+
+    /// Every segment item of the pool (keys only, with `keys_only`).
+    async fn segment_items(&self, key: &PoolKey, keys_only: bool) -> Result<Vec<Item>, StoreError> {
+        let mut items = Vec::new();
+        let mut start: Option<Item> = None;
+        loop {
+            let mut query = self
+                .client
+                .query()
+                .table_name(&self.table)
+                .consistent_read(true)
+                .key_condition_expression("#pk = :pk AND #sk BETWEEN :first AND :last")
+                .expression_attribute_names("#pk", PK)
+                .expression_attribute_names("#sk", SK)
+                .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
+                .expression_attribute_values(
+                    ":first",
+                    AttributeValue::B(Blob::new(segment_sort_key(0).to_vec())),
+                )
+                .expression_attribute_values(
+                    ":last",
+                    AttributeValue::B(Blob::new(segment_sort_key(u16::MAX).to_vec())),
+                )
+                .set_exclusive_start_key(start.take())
+                .set_return_consumed_capacity(self.capacity_mode());
+            if keys_only {
+                query = query.projection_expression("#pk, #sk");
+            }
+            let out = query.send().await.map_err(store_error)?;
+            self.record(out.consumed_capacity());
+            items.extend(out.items().iter().cloned());
+            match out.last_evaluated_key() {
+                Some(last) if !last.is_empty() => start = Some(last.clone()),
+                _ => return Ok(items),
+            }
+        }
+    }
+
+    /// A pool item's record: a split one's cold slots from `read` when the
+    /// item records the segment versions `read` did (no compaction since:
+    /// every position cold now was cold then, as it was), else read.
+    pub(super) async fn record_of(
+        &self,
+        key: &PoolKey,
+        item: &Item,
+        read: Option<&Record>,
+    ) -> Result<Record, StoreError> {
+        if !is_split(item) {
+            return decode_split(item, &Cold::default());
+        }
+        if let Some(read) = read.filter(|r| Some(r.incarnation) == incarnation_of(item)) {
+            if let Layout::Split(split) = read.pool.layout() {
+                if *split.versions() == segment_versions(item)? {
+                    return decode_split(item, &cold_of(read));
+                }
+            }
+        }
+        self.with_segments(key, item.clone()).await
+    }
+
+    /// A split pool item's record with its segments, read as of one
+    /// instant. Segments read after the pool item are its own when each
+    /// has the version the item records (none was written between the
+    /// reads: a segment is written only at the version its pool item
+    /// records). Otherwise the pool item is read again after them: then no
+    /// segment may be older than it records (a compaction writes its
+    /// segment before its pool item), and each position it does not hold
+    /// is as its segment has it.
+    async fn with_segments(&self, key: &PoolKey, mut item: Item) -> Result<Record, StoreError> {
+        for _ in 0..8 {
+            if !is_split(&item) {
+                // Registered again, flat.
+                return decode_split(&item, &Cold::default());
+            }
+            let incarnation = incarnation_of(&item).unwrap_or_default();
+            let cold = self.cold(key, incarnation).await?;
+            let recorded = segment_versions(&item)?;
+            let version = |k: &u16, of: &BTreeMap<u16, u32>| of.get(k).copied().unwrap_or(0);
+            let same = recorded
+                .keys()
+                .chain(cold.stored.keys())
+                .all(|k| version(k, &recorded) == version(k, &cold.stored));
+            if same {
+                return decode_split(&item, &cold);
+            }
+            let Some(after) = self.get(super::codec::pool_key(key)).await? else {
+                return Err(StoreError::new(
+                    StoreErrorKind::Unavailable,
+                    "the pool went while its segments were read",
+                ));
+            };
+            if !is_split(&after) || incarnation_of(&after) != Some(incarnation) {
+                item = after;
+                continue;
+            }
+            let recorded = segment_versions(&after)?;
+            if recorded.iter().all(|(k, v)| version(k, &cold.stored) >= *v) {
+                return decode_split(&after, &cold);
+            }
+            item = after;
+        }
+        Err(StoreError::new(
+            StoreErrorKind::Unavailable,
+            "a pool's segments kept moving while read",
+        ))
+    }
+
+    /// Writes a compaction's segment, conditioned on the segment item's
+    /// version as read (or its absence, or another incarnation's): whether
+    /// it landed.
+    pub(super) async fn put_segment(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        plan: &CompactionPlan,
+    ) -> Result<bool, StoreError> {
+        let condition = if plan.stored == 0 {
+            format!("attribute_not_exists({PK}) OR {INCARNATION} <> :i")
+        } else {
+            format!("{INCARNATION} = :i AND {VERSION} = :v")
+        };
+        let mut put = self
+            .client
+            .put_item()
+            .table_name(&self.table)
+            .set_item(Some(encode_segment(key, incarnation, plan)))
+            .condition_expression(condition)
+            .expression_attribute_values(":i", number(incarnation))
+            .set_return_consumed_capacity(self.capacity_mode());
+        if plan.stored != 0 {
+            put = put.expression_attribute_values(":v", number(plan.stored));
+        }
+        match put.send().await {
+            Ok(out) => {
+                self.record(out.consumed_capacity());
+                Ok(true)
+            }
+            Err(err) => match err.as_service_error() {
+                Some(PutItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                _ => Err(store_error(err)),
+            },
+        }
+    }
+
+    /// Removes every segment item of the pool (after the pool item).
+    pub(super) async fn delete_segments(&self, key: &PoolKey) -> Result<(), StoreError> {
+        let keys = self.segment_items(key, true).await?;
+        for batch in keys.chunks(25) {
+            let mut requests: Vec<WriteRequest> = batch
+                .iter()
+                .map(|key| {
+                    DeleteRequest::builder()
+                        .set_key(Some(key.clone()))
+                        .build()
+                        .map(|delete| WriteRequest::builder().delete_request(delete).build())
+                        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))
+                })
+                .collect::<Result<_, _>>()?;
+            // Unprocessed deletes (throttling) are sent again, a few times.
+            for _ in 0..5 {
+                let out = self
+                    .client
+                    .batch_write_item()
+                    .request_items(&self.table, requests)
+                    .send()
+                    .await
+                    .map_err(store_error)?;
+                requests = out
+                    .unprocessed_items()
+                    .and_then(|u| u.get(&self.table))
+                    .cloned()
+                    .unwrap_or_default();
+                if requests.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            if !requests.is_empty() {
+                return Err(StoreError::new(
+                    StoreErrorKind::Throttled,
+                    "segment deletes left unprocessed",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The incarnation a pool item records.
+fn incarnation_of(item: &Item) -> Option<u64> {
+    match item.get(super::schema::pool_item::INCARNATION) {
+        Some(AttributeValue::N(n)) => n.parse().ok(),
+        _ => None,
+    }
+}
+
+/// The cold slots `read` holds: every position it does not hold hot.
+pub(super) fn cold_of(read: &Record) -> Cold {
+    let Layout::Split(split) = read.pool.layout() else {
+        return Cold::default();
+    };
+    let held: BTreeMap<u16, Slot> = read
+        .pool
+        .slots()
+        .iter()
+        .enumerate()
+        .map(|(p, slot)| (p as u16, *slot))
+        .filter(|(p, slot)| *slot != Slot::Free && !split.hot().contains(p))
+        .collect();
+    let stored = (0..=crate::domain::MAX_COUNT / SEGMENT_SLOTS)
+        .map(|s| (s, split.stored(s)))
+        .filter(|(_, v)| *v > 0)
+        .collect();
+    Cold { stored, held }
+}
+
+/// `read`'s cold slots after `plan` wrote its segment.
+pub(super) fn cold_after(read: &Record, plan: &CompactionPlan) -> Cold {
+    let mut cold = cold_of(read);
+    let base = plan.segment * SEGMENT_SLOTS;
+    cold.held
+        .retain(|p, _| crate::domain::segment_of(*p) != plan.segment);
+    for (i, slot) in plan.slots.iter().enumerate() {
+        if *slot != Slot::Free {
+            cold.held.insert(base + i as u16, *slot);
+        }
+    }
+    cold.stored.insert(plan.segment, plan.version);
+    cold
+}
