@@ -183,6 +183,7 @@ pub const FUNCTIONS: [Function; 10] = [
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:PutItem"),
             on_table("dynamodb:UpdateItem"),
+            on_table("dynamodb:Query"),
             WAKE_NOW,
         ],
     },
@@ -192,7 +193,8 @@ pub const FUNCTIONS: [Function; 10] = [
         routes: &[Serves::Route(Route::Inspect)],
         init: Init::Service,
         env: &SERVICE_ENV,
-        calls: &[on_table("dynamodb:GetItem")],
+        // Query: a split pool's segment items, read after its pool item.
+        calls: &[on_table("dynamodb:GetItem"), on_table("dynamodb:Query")],
     },
     Function {
         logical_id: "DeleteFunction",
@@ -200,13 +202,17 @@ pub const FUNCTIONS: [Function; 10] = [
         routes: &[Serves::Route(Route::Delete)],
         init: Init::Service,
         env: &SERVICE_ENV,
-        // One DeleteItem, never read again: its answer says whether a pool was there.
+        // One DeleteItem, never read again: its answer says whether a pool
+        // was there. A split pool's segment items go after it (Query,
+        // BatchWriteItem).
         calls: &[
             Call {
                 action: "dynamodb:GetItem",
                 on: Resource::TableKeys(&[WARM_UP_KEY]),
             },
             on_table("dynamodb:DeleteItem"),
+            on_table("dynamodb:Query"),
+            on_table("dynamodb:BatchWriteItem"),
         ],
     },
     Function {
@@ -221,6 +227,7 @@ pub const FUNCTIONS: [Function; 10] = [
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
             on_table("dynamodb:PutItem"),
+            on_table("dynamodb:Query"),
             Call {
                 action: "dynamodb:Query",
                 on: Resource::Index("by_ticket"),
@@ -234,9 +241,13 @@ pub const FUNCTIONS: [Function; 10] = [
         routes: &[Serves::Route(Route::Return)],
         init: Init::Granting,
         env: &GRANTING_ENV,
+        // PutItem and Query: a split pool's segment items (compaction
+        // writes one, every read reads them).
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
+            on_table("dynamodb:PutItem"),
+            on_table("dynamodb:Query"),
             WAKE_NOW,
         ],
     },
@@ -252,6 +263,7 @@ pub const FUNCTIONS: [Function; 10] = [
             on_table("dynamodb:UpdateItem"),
             on_table("dynamodb:PutItem"),
             on_table("dynamodb:DeleteItem"),
+            on_table("dynamodb:Query"),
             WAKE_NOW,
         ],
     },
@@ -265,6 +277,8 @@ pub const FUNCTIONS: [Function; 10] = [
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
+            on_table("dynamodb:PutItem"),
+            on_table("dynamodb:Query"),
         ],
     },
     Function {
@@ -273,9 +287,13 @@ pub const FUNCTIONS: [Function; 10] = [
         routes: &[Serves::Route(Route::Cancel)],
         init: Init::Granting,
         env: &GRANTING_ENV,
+        // PutItem and Query: a split pool's segment items (compaction
+        // writes one, every read reads them).
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
+            on_table("dynamodb:PutItem"),
+            on_table("dynamodb:Query"),
             WAKE_NOW,
         ],
     },
@@ -289,6 +307,8 @@ pub const FUNCTIONS: [Function; 10] = [
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
+            on_table("dynamodb:PutItem"),
+            on_table("dynamodb:Query"),
             Call {
                 action: "dynamodb:Query",
                 on: Resource::Index("by_ticket"),

@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Change, Expect, Holder, Pool, Slot, Update};
+use super::{Change, Expect, Holder, Lease, LeaseDigest, Pool, Slot, Update};
 
 /// Pools created with a count up to this keep every slot in the pool item:
 /// fully held with a few waiters, that item stays within one write unit.
@@ -36,11 +36,10 @@ pub struct Compaction {
     pub split_above: u16,
     /// More hot entries than this, and compaction is due.
     pub hot_max: usize,
-    /// A live lease younger than this stays hot. A borrow with a client
-    /// lease id that read before another request with the same id was
-    /// granted must still find that grant in the pool item when its own
-    /// write lands (see [`Pool::duplicate_of`]); no write is sent on a read
-    /// older than half this.
+    /// A live lease younger than this stays hot: the slots just granted are
+    /// those most likely to be written again soon (returned, handed on),
+    /// and a write to a hot slot conditions on it alone, not on its
+    /// segment's version.
     pub cold_after_ms: u64,
 }
 
@@ -265,6 +264,25 @@ impl Pool {
             }
         }
         None
+    }
+
+    /// The write that repairs a lease id holding two live slots, or a live
+    /// slot and a ticket: the younger slot given back, or the ticket taken
+    /// out. A split pool item cannot refuse such a write (see
+    /// [`Pool::lower`]); [`Pool::duplicate_of`] undoes it at once, and this
+    /// repairs whatever that could not (an outcome unknown, an undo lost).
+    pub fn plan_repair(&self, digest: LeaseDigest, now_ms: u64) -> Option<Update> {
+        let mut live: Vec<Lease> = self
+            .leases()
+            .into_iter()
+            .filter(|l| l.digest == digest && l.is_live(now_ms))
+            .collect();
+        live.sort_by_key(|l| l.fence);
+        match (live.len(), self.ticket_of(digest)) {
+            (0, _) | (1, None) => None,
+            (1, Some((index, _))) => Some(self.remove_tickets(vec![index])),
+            (_, _) => live.last().map(|younger| self.give_back(younger, now_ms)),
+        }
     }
 
     /// The compaction due on this pool at `now_ms`, if any: the segment
@@ -583,5 +601,30 @@ mod tests {
         assert_eq!(holder_at(&once, 1), None);
         // Nothing to undo when the holder holds one slot.
         assert_eq!(once.duplicate_of(h(7, 500), &first, NOW), None);
+        // Left undone (its outcome unknown), the next read repairs it: the
+        // younger slot goes.
+        assert_eq!(once.plan_repair(d(7), NOW), None);
+        let repair = twice.plan_repair(d(7), NOW).expect("held twice");
+        let repaired = twice.apply(&twice.lower(&repair).0).unwrap();
+        assert_eq!(repaired.slots(), once.slots());
+        // A live slot and a ticket of one id (the ticket's twin took the
+        // slot, unconditioned here): the ticket goes.
+        let mut queued = Pool::new(1, 0).split_above(0);
+        borrow(&mut queued, 1, 60_000, NOW);
+        join(&mut queued, 7, 500, NOW + 10_000, NOW);
+        let both = queued
+            .apply(&Update {
+                expect: vec![],
+                changes: vec![Change::Take {
+                    position: 0,
+                    holder: h(7, 500),
+                    now_ms: NOW,
+                }],
+            })
+            .unwrap();
+        assert!(both.ticket_of(d(7)).is_some() && both.live_lease(d(7), NOW).is_some());
+        let repair = both.plan_repair(d(7), NOW).expect("a slot and a ticket");
+        let repaired = both.apply(&both.lower(&repair).0).unwrap();
+        assert!(repaired.ticket_of(d(7)).is_none() && repaired.live_lease(d(7), NOW).is_some());
     }
 }

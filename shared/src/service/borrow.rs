@@ -255,6 +255,10 @@ impl Borrower<'_> {
                 // Deleted (and maybe registered again) while we were at it.
                 return Err(Error::PoolNotFound);
             }
+            if let Some(repair) = record.pool.plan_repair(self.holder.digest, now_ms()) {
+                record = write(ctx, &self.key, &record, &repair, &mut lost).await?;
+                continue;
+            }
             if let Some(lease) = record
                 .pool
                 .leases()
@@ -354,6 +358,10 @@ impl Borrower<'_> {
             let now = now_ms();
             // Read once: a waiter owed a slot hands it on before it gives up.
             let ending = Instant::now() >= self.give_up;
+            if let Some(repair) = record.pool.plan_repair(mine.digest, now) {
+                record = write(ctx, &self.key, &record, &repair, &mut lost).await?;
+                continue;
+            }
             let (ahead, needed) = match record.pool.plan_wait(&mine, joined_ms, now) {
                 WaitPlan::Granted(lease) => return Ok(self.grant(&lease, now, false)),
                 // Cancelled by a return of its lease id, or pruned as dead.

@@ -69,9 +69,8 @@ pub struct Timing {
     /// Kept back from the answer-by time when a waiter stops waiting, to
     /// cancel its ticket (or find it granted) before answering.
     pub cancel_reserve: Duration,
-    /// When a split pool's hot entries move to their segments. Its
-    /// `cold_after_ms` must exceed `call_timeout`: a write lands within
-    /// that of the read it was planned on.
+    /// Which new pools are split, and when a split pool's hot entries move
+    /// to their segments.
     pub compaction: Compaction,
 }
 

@@ -55,7 +55,8 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
         Expect::SlotsLen(len) if !e.split => {
             format!("size({SLOTS}) = {}", e.value(number(len)))
         }
-        Expect::SlotsLen(_) => format!("attribute_exists({HOT})"),
+        // Never true, rather than silently so.
+        Expect::SlotsLen(_) => format!("attribute_not_exists({INCARNATION})"),
         Expect::SlotFree(position) => {
             let slot = e.slot(position);
             format!("{slot} = {}", e.zero())

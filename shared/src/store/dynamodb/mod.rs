@@ -295,10 +295,23 @@ impl PoolStore for DynamoDbStore {
         }
         let mut expr = Expression::of(read.incarnation, &plan.update, true);
         self.touch(&mut expr);
-        let cold = cold_after(read, plan);
         Ok(match self.update_item(pool_key(key), expr).await? {
-            Written::Now(item) => Updated::Written(codec::decode_split(&item, &cold)?),
-            Written::Lost(Some(item)) => Updated::Lost(self.record_of(key, &item, None).await?),
+            Written::Now(item) => {
+                // The read's cold slots stand, with this segment as written,
+                // if no other segment was compacted meanwhile.
+                let mut expected = match read.pool.layout() {
+                    Layout::Split(split) => split.versions().clone(),
+                    Layout::Flat => Default::default(),
+                };
+                expected.insert(plan.segment, plan.version);
+                if codec::segment_versions(&item)? == expected {
+                    Updated::Written(codec::decode_split(&item, &cold_after(read, plan))?)
+                } else {
+                    Updated::Written(self.record_of(key, &item, None).await?)
+                }
+            }
+            // The caller only learns it did not land.
+            Written::Lost(Some(_)) => Updated::Lost(read.clone()),
             Written::Lost(None) => Updated::Gone,
         })
     }
@@ -337,9 +350,14 @@ impl PoolStore for DynamoDbStore {
             .map_err(store_error)?;
         self.record(out.consumed_capacity());
         let old = out.attributes().filter(|a| !a.is_empty());
-        // A split pool's segments go with it (none of them counts as the pool).
-        if old.is_some_and(codec::is_split) {
-            self.delete_segments(key).await?;
+        // A split pool's segments go with it, once it is gone: at best effort,
+        // since a segment left behind is never read (its sort key names the
+        // incarnation deleted) and the pool is deleted either way.
+        if let Some(incarnation) = old
+            .filter(|old| codec::is_split(old))
+            .and_then(segments::incarnation_of)
+        {
+            let _ = self.delete_segments(key, incarnation).await;
         }
         Ok(old.is_some())
     }

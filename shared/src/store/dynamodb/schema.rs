@@ -35,8 +35,8 @@
 //! | `k`  | M | segment → the version its cold slots are read from (absent: never compacted, all free) |
 //!
 //! Segment items (split pools), one per 64 positions, written only by
-//! compaction: sort key `00` ‖ segment (2 bytes); `i` the incarnation, `v`
-//! the version, `s` and `g` the 64 slots as in the pool item.
+//! compaction: sort key `00` ‖ incarnation (8 bytes) ‖ segment (2 bytes);
+//! `v` the version, `s` and `g` the 64 slots as in the pool item.
 //!
 //! Ticket items (async mode), one per ticket (see `tickets.rs`):
 //!
@@ -68,20 +68,21 @@ pub const NUMBER: &str = "tn";
 /// The first byte of every ticket item's sort key (the pool item's is `00`).
 pub const TICKET_ITEM: u8 = 1;
 
-/// A split pool's segment item's sort key: `00` (the pool item's), then the
-/// segment's number (2 bytes, big-endian). They sort right after the pool
-/// item and before the tickets, so one `Query` reads them in order.
-pub fn segment_sort_key(segment: u16) -> [u8; 3] {
-    let [hi, lo] = segment.to_be_bytes();
-    [POOL_ITEM[0], hi, lo]
+/// A split pool's segment item's sort key: `00` (the pool item's), the
+/// pool's incarnation (8 bytes) and the segment's number (2 bytes), all
+/// big-endian. They sort right after the pool item and before the tickets,
+/// so one `Query` reads one incarnation's segments in order; a segment of an
+/// earlier pool of the same id never shares a key with this one's.
+pub fn segment_sort_key(incarnation: u64, segment: u16) -> [u8; 11] {
+    let mut key = [POOL_ITEM[0]; 11];
+    key[1..9].copy_from_slice(&incarnation.to_be_bytes());
+    key[9..].copy_from_slice(&segment.to_be_bytes());
+    key
 }
 
 /// A segment item's attributes (besides the keys): the cold slots of
 /// [`crate::domain::SEGMENT_SLOTS`] positions, written only by compaction.
 pub mod segment_item {
-    /// The pool's incarnation: a segment of an earlier pool of the same id
-    /// reads as never written.
-    pub const INCARNATION: &str = "i";
     /// The segment's version: the pool item's `k` records the one its cold
     /// slots are read from.
     pub const VERSION: &str = "v";
@@ -179,8 +180,8 @@ mod tests {
     /// the filter's patterns match it (their sort key is exactly `00`).
     #[test]
     fn segment_items_never_dispatch() {
-        for segment in [0, 1, 15, u16::MAX] {
-            let sk = segment_sort_key(segment);
+        for (incarnation, segment) in [(0, 0), (1, 1), (u64::MAX, 15), (7, u16::MAX)] {
+            let sk = segment_sort_key(incarnation, segment);
             assert_ne!(&sk[..], &POOL_ITEM[..]);
             assert!(
                 sk[..] > POOL_ITEM[..] && sk[0] < TICKET_ITEM,
@@ -188,7 +189,6 @@ mod tests {
             );
             let has = |name: &str| {
                 [
-                    segment_item::INCARNATION,
                     segment_item::VERSION,
                     segment_item::SLOTS,
                     segment_item::STAMPS,

@@ -1,7 +1,7 @@
 //! A split pool's segment items: its cold slots, 64 positions an item,
 //! written only by compaction (see `domain/layout.rs`). Read after the pool
-//! item, in one `Query`; a segment of an earlier incarnation of the pool
-//! reads as never written.
+//! item, in one `Query` of the pool's incarnation (its sort keys carry it:
+//! an earlier pool of the same id never shares one).
 
 use std::collections::BTreeMap;
 
@@ -12,20 +12,20 @@ use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
 use super::codec::{
     decode_slot, decode_split, is_split, number, segment_versions, slot_values, Cold, Item,
 };
-use super::schema::segment_item::{INCARNATION, SLOTS, STAMPS, VERSION};
+use super::schema::segment_item::{SLOTS, STAMPS, VERSION};
 use super::schema::{segment_sort_key, PK, POOL_ITEM, SK};
-use super::{store_error, DynamoDbStore};
+use super::{pool_key, store_error, DynamoDbStore};
 use crate::domain::{CompactionPlan, Layout, Slot, SEGMENT_SLOTS};
 use crate::keys::PoolKey;
 use crate::store::{Record, StoreError, StoreErrorKind};
 
 /// A segment item's primary key.
-fn segment_key(key: &PoolKey, segment: u16) -> Item {
+fn segment_key(key: &PoolKey, incarnation: u64, segment: u16) -> Item {
     Item::from([
         (PK.to_string(), AttributeValue::B(Blob::new(key.0.to_vec()))),
         (
             SK.to_string(),
-            AttributeValue::B(Blob::new(segment_sort_key(segment).to_vec())),
+            AttributeValue::B(Blob::new(segment_sort_key(incarnation, segment).to_vec())),
         ),
     ])
 }
@@ -34,9 +34,8 @@ fn segment_key(key: &PoolKey, segment: u16) -> Item {
 fn encode_segment(key: &PoolKey, incarnation: u64, plan: &CompactionPlan) -> Item {
     let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) =
         plan.slots.iter().map(slot_values).unzip();
-    let mut item = segment_key(key, plan.segment);
+    let mut item = segment_key(key, incarnation, plan.segment);
     item.extend([
-        (INCARNATION.to_string(), number(incarnation)),
         (VERSION.to_string(), number(plan.version)),
         (SLOTS.to_string(), AttributeValue::L(slots)),
         (STAMPS.to_string(), AttributeValue::L(stamps)),
@@ -48,19 +47,17 @@ fn corrupt(what: &str) -> StoreError {
     StoreError::new(StoreErrorKind::Corrupt, format!("segment item: {what}"))
 }
 
-/// Adds one segment item's held slots and version to `cold`, unless it is
-/// of another incarnation.
-fn add_segment(item: &Item, incarnation: u64, cold: &mut Cold) -> Result<(), StoreError> {
+/// Adds one segment item's held slots and version to `cold`.
+fn add_segment(item: &Item, cold: &mut Cold) -> Result<(), StoreError> {
     let small = |name: &str| match item.get(name) {
         Some(AttributeValue::N(n)) => n.parse::<u64>().map_err(|_| corrupt(name)),
         _ => Err(corrupt(name)),
     };
-    if small(INCARNATION)? != incarnation {
-        return Ok(());
-    }
     let segment = match item.get(SK) {
         Some(AttributeValue::B(sk)) => match sk.as_ref() {
-            [first, hi, lo] if *first == POOL_ITEM[0] => u16::from_be_bytes([*hi, *lo]),
+            [first, .., hi, lo] if *first == POOL_ITEM[0] && sk.as_ref().len() == 11 => {
+                u16::from_be_bytes([*hi, *lo])
+            }
             _ => return Err(corrupt(SK)),
         },
         _ => return Err(corrupt(SK)),
@@ -93,14 +90,20 @@ impl DynamoDbStore {
     /// the pool item records), as cold slots of `incarnation`.
     pub(super) async fn cold(&self, key: &PoolKey, incarnation: u64) -> Result<Cold, StoreError> {
         let mut cold = Cold::default();
-        for item in self.segment_items(key, false).await? {
-            add_segment(&item, incarnation, &mut cold)?;
+        for item in self.segment_items(key, incarnation, false).await? {
+            add_segment(&item, &mut cold)?;
         }
         Ok(cold)
     }
 
-    /// Every segment item of the pool (keys only, with `keys_only`).
-    async fn segment_items(&self, key: &PoolKey, keys_only: bool) -> Result<Vec<Item>, StoreError> {
+    /// Every segment item of the pool's `incarnation` (keys only, with
+    /// `keys_only`).
+    async fn segment_items(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        keys_only: bool,
+    ) -> Result<Vec<Item>, StoreError> {
         let mut items = Vec::new();
         let mut start: Option<Item> = None;
         loop {
@@ -115,11 +118,11 @@ impl DynamoDbStore {
                 .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key.0.to_vec())))
                 .expression_attribute_values(
                     ":first",
-                    AttributeValue::B(Blob::new(segment_sort_key(0).to_vec())),
+                    AttributeValue::B(Blob::new(segment_sort_key(incarnation, 0).to_vec())),
                 )
                 .expression_attribute_values(
                     ":last",
-                    AttributeValue::B(Blob::new(segment_sort_key(u16::MAX).to_vec())),
+                    AttributeValue::B(Blob::new(segment_sort_key(incarnation, u16::MAX).to_vec())),
                 )
                 .set_exclusive_start_key(start.take())
                 .set_return_consumed_capacity(self.capacity_mode());
@@ -161,8 +164,8 @@ impl DynamoDbStore {
     /// A split pool item's record with its segments, read as of one
     /// instant. Segments read after the pool item are its own when each
     /// has the version the item records (none was written between the
-    /// reads: a segment is written only at the version its pool item
-    /// records). Otherwise the pool item is read again after them: then no
+    /// reads: a segment is written only while its version is the one its
+    /// pool item records). Otherwise the pool item is read again after them: then no
     /// segment may be older than it records (a compaction writes its
     /// segment before its pool item), and each position it does not hold
     /// is as its segment has it.
@@ -183,7 +186,7 @@ impl DynamoDbStore {
             if same {
                 return decode_split(&item, &cold);
             }
-            let Some(after) = self.get(super::codec::pool_key(key)).await? else {
+            let Some(after) = self.get(pool_key(key)).await? else {
                 return Err(StoreError::new(
                     StoreErrorKind::Unavailable,
                     "the pool went while its segments were read",
@@ -206,30 +209,25 @@ impl DynamoDbStore {
     }
 
     /// Writes a compaction's segment, conditioned on the segment item's
-    /// version as read (or its absence, or another incarnation's): whether
-    /// it landed.
+    /// version as read (or its absence): whether it landed.
     pub(super) async fn put_segment(
         &self,
         key: &PoolKey,
         incarnation: u64,
         plan: &CompactionPlan,
     ) -> Result<bool, StoreError> {
-        let condition = if plan.stored == 0 {
-            format!("attribute_not_exists({PK}) OR {INCARNATION} <> :i")
-        } else {
-            format!("{INCARNATION} = :i AND {VERSION} = :v")
-        };
         let mut put = self
             .client
             .put_item()
             .table_name(&self.table)
             .set_item(Some(encode_segment(key, incarnation, plan)))
-            .condition_expression(condition)
-            .expression_attribute_values(":i", number(incarnation))
             .set_return_consumed_capacity(self.capacity_mode());
-        if plan.stored != 0 {
-            put = put.expression_attribute_values(":v", number(plan.stored));
-        }
+        put = if plan.stored == 0 {
+            put.condition_expression(format!("attribute_not_exists({PK})"))
+        } else {
+            put.condition_expression(format!("{VERSION} = :v"))
+                .expression_attribute_values(":v", number(plan.stored))
+        };
         match put.send().await {
             Ok(out) => {
                 self.record(out.consumed_capacity());
@@ -242,9 +240,14 @@ impl DynamoDbStore {
         }
     }
 
-    /// Removes every segment item of the pool (after the pool item).
-    pub(super) async fn delete_segments(&self, key: &PoolKey) -> Result<(), StoreError> {
-        let keys = self.segment_items(key, true).await?;
+    /// Removes the segment items of the pool's `incarnation` (after its
+    /// pool item): a pool registered again since has its own.
+    pub(super) async fn delete_segments(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+    ) -> Result<(), StoreError> {
+        let keys = self.segment_items(key, incarnation, true).await?;
         for batch in keys.chunks(25) {
             let mut requests: Vec<WriteRequest> = batch
                 .iter()
@@ -287,7 +290,7 @@ impl DynamoDbStore {
 }
 
 /// The incarnation a pool item records.
-fn incarnation_of(item: &Item) -> Option<u64> {
+pub(super) fn incarnation_of(item: &Item) -> Option<u64> {
     match item.get(super::schema::pool_item::INCARNATION) {
         Some(AttributeValue::N(n)) => n.parse().ok(),
         _ => None,
@@ -314,9 +317,14 @@ pub(super) fn cold_of(read: &Record) -> Cold {
     Cold { stored, held }
 }
 
-/// `read`'s cold slots after `plan` wrote its segment.
+/// `read`'s cold slots after `plan` wrote its segment (a catch-up writes
+/// none: the segment's cold slots are as read).
 pub(super) fn cold_after(read: &Record, plan: &CompactionPlan) -> Cold {
     let mut cold = cold_of(read);
+    if plan.slots.is_empty() {
+        cold.stored.insert(plan.segment, plan.version);
+        return cold;
+    }
     let base = plan.segment * SEGMENT_SLOTS;
     cold.held
         .retain(|p, _| crate::domain::segment_of(*p) != plan.segment);
