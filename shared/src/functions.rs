@@ -274,10 +274,10 @@ pub const FUNCTIONS: [Function; 10] = [
         init: Init::Service,
         env: &SERVICE_ENV,
         // UpdateItem: a backlog ticket read past its wait ends `expired`.
+        // Query: a split pool's segment items.
         calls: &[
             on_table("dynamodb:GetItem"),
             on_table("dynamodb:UpdateItem"),
-            on_table("dynamodb:PutItem"),
             on_table("dynamodb:Query"),
         ],
     },

@@ -280,8 +280,9 @@ impl Pool {
         live.sort_by_key(|l| l.fence);
         match (live.len(), self.ticket_of(digest)) {
             (0, _) | (1, None) => None,
-            (1, Some((index, _))) => Some(self.remove_tickets(vec![index])),
-            (_, _) => live.last().map(|younger| self.give_back(younger, now_ms)),
+            // The ticket first: a slot given back could go to it.
+            (_, Some((index, _))) => Some(self.remove_tickets(vec![index])),
+            (_, None) => live.last().map(|younger| self.give_back(younger, now_ms)),
         }
     }
 

@@ -9,6 +9,7 @@ use crate::error::Error;
 use crate::keys::{LeaseId, PoolId, PoolKey};
 use crate::store::{Record, Updated};
 
+use super::harness::write;
 use super::{Budget, Service};
 
 impl Service {
@@ -42,6 +43,12 @@ impl Service {
             if record.incarnation != incarnation {
                 // Deleted and registered again: the lease ended with the delete.
                 return Ok(false);
+            }
+            // A lease id left holding two slots (or a slot and a ticket)
+            // is repaired first, so that the return frees all it holds.
+            if let Some(repair) = record.pool.plan_repair(digest, now_ms()) {
+                record = write(&mut ctx, &key, &record, &repair, &mut lost).await?;
+                continue;
             }
             let (held, update, remember) = match record.pool.plan_return(digest, now_ms()) {
                 ReturnPlan::Return(held, update) => (Some(held), update, false),

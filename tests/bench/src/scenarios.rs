@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use semaphore::clock::now_ms;
-use semaphore::domain::{BorrowPlan, Holder, Layout, Lease, Pool, Slot, Stamp};
+use semaphore::domain::{
+    BorrowPlan, Compaction, Holder, Layout, Lease, Pool, Slot, Stamp, FLAT_MAX, SEGMENT_SLOTS,
+};
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::service::{BorrowRequest, Budget, Grant, Timing};
 use semaphore::store::Record;
@@ -491,6 +493,20 @@ pub async fn contention_on(
                 .borrow(id, request(fastrand::u64(1_000..=last_ms), 0), &mut call())
                 .await
                 .map_err(fail("filling the pool before the run"))?;
+        }
+    }
+    if shape.count > FLAT_MAX && (shape.held > 0 || shape.churn) {
+        // Steady state: a split pool filled just now holds its fill's
+        // grants in its pool item until they are old enough to move to
+        // their segments; let them age, then a few writes compact them.
+        tokio::time::sleep(Duration::from_millis(
+            Compaction::DEFAULT.cold_after_ms + 500,
+        ))
+        .await;
+        for _ in 0..shape.count / SEGMENT_SLOTS + 2 {
+            if let Ok(grant) = setup.borrow(id, request(1_000, 0), &mut call()).await {
+                let _ = setup.return_lease(id, grant.lease, &mut call()).await;
+            }
         }
     }
     let counters = Arc::new(Counters::default());

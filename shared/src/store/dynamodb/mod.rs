@@ -357,7 +357,9 @@ impl PoolStore for DynamoDbStore {
             .filter(|old| codec::is_split(old))
             .and_then(segments::incarnation_of)
         {
-            let _ = self.delete_segments(key, incarnation).await;
+            // Within a second of its own: the answer is the delete's.
+            let cleanup = self.delete_segments(key, incarnation);
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(1), cleanup).await;
         }
         Ok(old.is_some())
     }
