@@ -24,8 +24,8 @@ use aws_sdk_dynamodb::error::{ProvideErrorMetadata, SdkError};
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::operation::update_item::UpdateItemError;
 use aws_sdk_dynamodb::types::{
-    AttributeValue, ConsumedCapacity, ReturnConsumedCapacity, ReturnValue,
-    ReturnValuesOnConditionCheckFailure,
+    AttributeValue, ConsumedCapacity, DeleteRequest, ReturnConsumedCapacity, ReturnValue,
+    ReturnValuesOnConditionCheckFailure, WriteRequest,
 };
 use aws_sdk_dynamodb::Client;
 
@@ -140,6 +140,51 @@ impl DynamoDbStore {
         ) {
             total.fetch_add((units * 1000.0).round() as u64, Ordering::Relaxed);
         }
+    }
+}
+
+impl DynamoDbStore {
+    /// Deletes the items of `keys` (ticket or segment items, `what`), in
+    /// batches of 25; unprocessed deletes (throttling) are sent again, a few
+    /// times.
+    async fn delete_keys(&self, keys: &[Item], what: &str) -> Result<(), StoreError> {
+        for batch in keys.chunks(25) {
+            let mut requests: Vec<WriteRequest> = batch
+                .iter()
+                .map(|key| {
+                    DeleteRequest::builder()
+                        .set_key(Some(key.clone()))
+                        .build()
+                        .map(|delete| WriteRequest::builder().delete_request(delete).build())
+                        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))
+                })
+                .collect::<Result<_, _>>()?;
+            for _ in 0..5 {
+                let out = self
+                    .client
+                    .batch_write_item()
+                    .request_items(&self.table, requests)
+                    .send()
+                    .await
+                    .map_err(store_error)?;
+                requests = out
+                    .unprocessed_items()
+                    .and_then(|u| u.get(&self.table))
+                    .cloned()
+                    .unwrap_or_default();
+                if requests.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+            if !requests.is_empty() {
+                return Err(StoreError::new(
+                    StoreErrorKind::Throttled,
+                    format!("{what} deletes left unprocessed"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::codec::{
     decode_slot, decode_split, is_split, number, segment_versions, slot_values, Cold, Item,
@@ -248,43 +248,7 @@ impl DynamoDbStore {
         incarnation: u64,
     ) -> Result<(), StoreError> {
         let keys = self.segment_items(key, incarnation, true).await?;
-        for batch in keys.chunks(25) {
-            let mut requests: Vec<WriteRequest> = batch
-                .iter()
-                .map(|key| {
-                    DeleteRequest::builder()
-                        .set_key(Some(key.clone()))
-                        .build()
-                        .map(|delete| WriteRequest::builder().delete_request(delete).build())
-                        .map_err(|e| StoreError::new(StoreErrorKind::Unavailable, e.to_string()))
-                })
-                .collect::<Result<_, _>>()?;
-            // Unprocessed deletes (throttling) are sent again, a few times.
-            for _ in 0..5 {
-                let out = self
-                    .client
-                    .batch_write_item()
-                    .request_items(&self.table, requests)
-                    .send()
-                    .await
-                    .map_err(store_error)?;
-                requests = out
-                    .unprocessed_items()
-                    .and_then(|u| u.get(&self.table))
-                    .cloned()
-                    .unwrap_or_default();
-                if requests.is_empty() {
-                    break;
-                }
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-            }
-            if !requests.is_empty() {
-                return Err(StoreError::new(
-                    StoreErrorKind::Throttled,
-                    "segment deletes left unprocessed",
-                ));
-            }
-        }
+        self.delete_keys(&keys, "segment").await?;
         Ok(())
     }
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use async_trait::async_trait;
 use aws_sdk_dynamodb::operation::delete_item::DeleteItemError;
 use aws_sdk_dynamodb::primitives::Blob;
-use aws_sdk_dynamodb::types::{AttributeValue, DeleteRequest, WriteRequest};
+use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::codec::{number, Item};
 use super::expression::Expression;
@@ -380,46 +380,8 @@ impl TicketStore for DynamoDbStore {
             if keys.is_empty() {
                 return Ok(removed);
             }
-            for batch in keys.chunks(25) {
-                let mut requests: Vec<WriteRequest> = batch
-                    .iter()
-                    .map(|key| {
-                        DeleteRequest::builder()
-                            .set_key(Some(key.clone()))
-                            .build()
-                            .map(|delete| WriteRequest::builder().delete_request(delete).build())
-                            .map_err(|e| {
-                                StoreError::new(StoreErrorKind::Unavailable, e.to_string())
-                            })
-                    })
-                    .collect::<Result<_, _>>()?;
-                // Unprocessed deletes (throttling) are sent again, a few times.
-                for _ in 0..5 {
-                    let out = self
-                        .client
-                        .batch_write_item()
-                        .request_items(&self.table, requests)
-                        .send()
-                        .await
-                        .map_err(store_error)?;
-                    requests = out
-                        .unprocessed_items()
-                        .and_then(|u| u.get(&self.table))
-                        .cloned()
-                        .unwrap_or_default();
-                    if requests.is_empty() {
-                        break;
-                    }
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                }
-                if !requests.is_empty() {
-                    return Err(StoreError::new(
-                        StoreErrorKind::Throttled,
-                        "ticket deletes left unprocessed",
-                    ));
-                }
-                removed += batch.len();
-            }
+            self.delete_keys(&keys, "ticket").await?;
+            removed += keys.len();
         }
     }
 }

@@ -1,0 +1,210 @@
+//! Tests of `layout.rs`.
+
+use super::super::test_support::*;
+use super::super::BorrowPlan;
+use super::*;
+
+const NOW: u64 = 1_000_000;
+
+fn split(pool: &Pool) -> &Split {
+    match pool.layout() {
+        Layout::Split(split) => split,
+        Layout::Flat => panic!("not split"),
+    }
+}
+
+/// A split pool of `count` with holder `n` on position `n` for each of
+/// `held`, each written (so hot), granted at `at`.
+fn held_pool(count: u16, held: &[u8], at: u64) -> Pool {
+    let mut pool = Pool::new(count, 0);
+    for &n in held {
+        // Takes land as lowered, so this is what the pool item shows.
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(n, 60_000), at, at, 100) else {
+            panic!("no take for {n}")
+        };
+        let (lowered, _) = pool.lower(&update);
+        pool = pool.apply(&lowered).expect("a fresh take lands");
+    }
+    pool
+}
+
+#[test]
+fn a_pool_above_the_flat_maximum_starts_split_with_nothing_hot() {
+    assert_eq!(Pool::new(FLAT_MAX, 0).layout(), &Layout::Flat);
+    let pool = Pool::new(FLAT_MAX + 1, 0);
+    assert_eq!(pool.layout(), &Layout::Split(Box::default()));
+    assert_eq!(pool.slots().len(), usize::from(FLAT_MAX) + 1);
+    // A flat pool's writes are as planned.
+    let flat = Pool::new(4, 0);
+    let BorrowPlan::Take { update, .. } = flat.plan_borrow(h(1, 100), NOW, NOW, 100) else {
+        panic!()
+    };
+    assert_eq!(flat.lower(&update), (update, None));
+}
+
+/// A take of a cold slot conditions on its segment's version and that
+/// no hot entry shadows it; the slot is hot after. `NotHeld` is left to
+/// the caller.
+#[test]
+fn a_write_on_a_cold_slot_conditions_on_its_segment_version() {
+    let pool = Pool::new(200, 0);
+    let BorrowPlan::Take { update, position } = pool.plan_borrow(h(1, 100), NOW, NOW, 100) else {
+        panic!()
+    };
+    assert_eq!(position, 0);
+    let (lowered, unchecked) = pool.lower(&update);
+    assert!(lowered.expect.contains(&Expect::Cold {
+        position: 0,
+        version: 0
+    }));
+    assert!(!lowered.expect.iter().any(|e| matches!(
+        e,
+        Expect::SlotFree(_) | Expect::NotHeld(_) | Expect::SlotsLen(_)
+    )));
+    assert_eq!(unchecked, Some(h(1, 100)));
+    let after = pool.apply(&lowered).unwrap();
+    assert!(split(&after).hot().contains(&0));
+    // Planned again on the pool as it was: the slot is hot now.
+    assert!(after.apply(&lowered).is_err());
+}
+
+#[test]
+fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
+    // Holders on positions 0..3 granted long ago, 3..70 just now:
+    // only the old ones may leave, whatever the others' number.
+    let mut pool = held_pool(200, &[0, 1, 2], NOW - 10_000);
+    // 3..64 taken now too, so that the next takes land in segment 1.
+    for n in 3..70u8 {
+        borrow(&mut pool, n, 60_000, NOW);
+    }
+    let config = Compaction {
+        split_above: FLAT_MAX,
+        hot_max: 4,
+        cold_after_ms: 4_000,
+    };
+    let plan = pool.plan_compaction(config, NOW).expect("compaction due");
+    assert_eq!(plan.segment, 0);
+    let moved: Vec<u16> = plan
+        .update
+        .changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Cool(p) => Some(*p),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(moved, vec![0, 1, 2], "only the old grants leave");
+    assert_eq!(plan.slots.len(), usize::from(SEGMENT_SLOTS));
+    assert_eq!(plan.slots[..64], pool.slots()[..64]);
+    assert_eq!((plan.stored, plan.version), (0, 1));
+    let after = pool.apply(&plan.update).expect("a fresh compaction lands");
+    assert!(!split(&after).hot().contains(&0));
+    assert_eq!(split(&after).version(0), 1);
+    assert_eq!(after.slots(), pool.slots(), "the truth is unchanged");
+    // Not due below the bound.
+    let relaxed = Compaction {
+        hot_max: 1_000,
+        ..config
+    };
+    assert_eq!(pool.plan_compaction(relaxed, NOW), None);
+    // Once they have aged, segment 1's leave too (the fullest first).
+    let later = after
+        .plan_compaction(config, NOW + 4_000)
+        .expect("compaction due");
+    assert_eq!(later.segment, 0, "61 old entries of segment 0 first");
+}
+
+/// A compaction that wrote its segment but not the pool item leaves the
+/// segment ahead: the next one only catches the pool item up.
+#[test]
+fn a_segment_ahead_of_the_pool_item_is_caught_up_before_it_is_written_again() {
+    let pool = held_pool(100, &[0, 1], NOW - 10_000);
+    let Layout::Split(s) = pool.layout().clone() else {
+        panic!()
+    };
+    let ahead = pool.with_layout(Layout::Split(Box::new(Split::new(
+        s.hot.clone(),
+        s.versions.clone(),
+        [(0, 1)].into(),
+    ))));
+    let config = Compaction {
+        split_above: FLAT_MAX,
+        hot_max: 0,
+        cold_after_ms: 4_000,
+    };
+    let plan = ahead.plan_compaction(config, NOW).unwrap();
+    assert!(plan.slots.is_empty(), "no segment write");
+    assert_eq!(
+        plan.update.changes,
+        vec![Change::SetSegmentVersion {
+            segment: 0,
+            version: 1
+        }]
+    );
+    let caught_up = ahead.apply(&plan.update).unwrap();
+    assert_eq!(
+        split(&caught_up).hot(),
+        split(&ahead).hot(),
+        "nothing cooled"
+    );
+    let next = caught_up.plan_compaction(config, NOW).unwrap();
+    assert_eq!((next.stored, next.version), (1, 2));
+}
+
+/// A take that landed though the same holder took another slot since
+/// its read (a split pool item cannot check `NotHeld`) is given back.
+#[test]
+fn a_slot_taken_twice_by_one_holder_is_given_back() {
+    let pool = Pool::new(100, 0);
+    let BorrowPlan::Take { update: first, .. } = pool.plan_borrow(h(7, 500), NOW, NOW, 100) else {
+        panic!()
+    };
+    // Another request of the same lease id, planned on an older read,
+    // took position 0 first; this one then takes position 1.
+    let (lowered, _) = pool.lower(&first);
+    let pool = pool.apply(&lowered).unwrap();
+    let mut second = first.clone();
+    second.expect.retain(|e| !matches!(e, Expect::SlotFree(0)));
+    second.changes = vec![Change::Take {
+        position: 1,
+        holder: h(7, 500),
+        now_ms: NOW,
+    }];
+    let (lowered, unchecked) = pool.lower(&second);
+    assert_eq!(unchecked, Some(h(7, 500)));
+    let twice = pool.apply(&lowered).unwrap();
+    let undo = twice
+        .duplicate_of(h(7, 500), &second, NOW)
+        .expect("held twice");
+    let (lowered, _) = twice.lower(&undo);
+    let once = twice.apply(&lowered).unwrap();
+    assert_eq!(holder_at(&once, 0), Some(d(7)));
+    assert_eq!(holder_at(&once, 1), None);
+    // Nothing to undo when the holder holds one slot.
+    assert_eq!(once.duplicate_of(h(7, 500), &first, NOW), None);
+    // Left undone (its outcome unknown), the next read repairs it: the
+    // younger slot goes.
+    assert_eq!(once.plan_repair(d(7), NOW), None);
+    let repair = twice.plan_repair(d(7), NOW).expect("held twice");
+    let repaired = twice.apply(&twice.lower(&repair).0).unwrap();
+    assert_eq!(repaired.slots(), once.slots());
+    // A live slot and a ticket of one id (the ticket's twin took the
+    // slot, unconditioned here): the ticket goes.
+    let mut queued = Pool::new(1, 0).split_above(0);
+    borrow(&mut queued, 1, 60_000, NOW);
+    join(&mut queued, 7, 500, NOW + 10_000, NOW);
+    let both = queued
+        .apply(&Update {
+            expect: vec![],
+            changes: vec![Change::Take {
+                position: 0,
+                holder: h(7, 500),
+                now_ms: NOW,
+            }],
+        })
+        .unwrap();
+    assert!(both.ticket_of(d(7)).is_some() && both.live_lease(d(7), NOW).is_some());
+    let repair = both.plan_repair(d(7), NOW).expect("a slot and a ticket");
+    let repaired = both.apply(&both.lower(&repair).0).unwrap();
+    assert!(repaired.ticket_of(d(7)).is_none() && repaired.live_lease(d(7), NOW).is_some());
+}
