@@ -107,6 +107,11 @@ impl Split {
         self.versions.get(&segment).copied().unwrap_or(0)
     }
 
+    /// Every segment item's own version as read.
+    pub fn stored_versions(&self) -> &BTreeMap<u16, u32> {
+        &self.stored
+    }
+
     /// The segment item's own version as read.
     pub fn stored(&self, segment: u16) -> u32 {
         self.stored.get(&segment).copied().unwrap_or(0)

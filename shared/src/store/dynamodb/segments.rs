@@ -19,15 +19,14 @@ use crate::domain::{CompactionPlan, Layout, Slot, SEGMENT_SLOTS};
 use crate::keys::PoolKey;
 use crate::store::{Record, StoreError, StoreErrorKind};
 
-/// A segment item's primary key.
+/// A segment item's primary key: the pool item's, another sort key.
 fn segment_key(key: &PoolKey, incarnation: u64, segment: u16) -> Item {
-    Item::from([
-        (PK.to_string(), AttributeValue::B(Blob::new(key.0.to_vec()))),
-        (
-            SK.to_string(),
-            AttributeValue::B(Blob::new(segment_sort_key(incarnation, segment).to_vec())),
-        ),
-    ])
+    let mut item = pool_key(key);
+    item.insert(
+        SK.to_string(),
+        AttributeValue::B(Blob::new(segment_sort_key(incarnation, segment).to_vec())),
+    );
+    item
 }
 
 /// The segment item a compaction writes.
@@ -274,11 +273,10 @@ pub(super) fn cold_of(read: &Record) -> Cold {
         .map(|(p, slot)| (p as u16, *slot))
         .filter(|(p, slot)| *slot != Slot::Free && !split.hot().contains(p))
         .collect();
-    let stored = (0..=crate::domain::MAX_COUNT / SEGMENT_SLOTS)
-        .map(|s| (s, split.stored(s)))
-        .filter(|(_, v)| *v > 0)
-        .collect();
-    Cold { stored, held }
+    Cold {
+        stored: split.stored_versions().clone(),
+        held,
+    }
 }
 
 /// `read`'s cold slots after `plan` wrote its segment (a catch-up writes
