@@ -4,16 +4,20 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use aws_sdk_dynamodb::primitives::Blob;
+use aws_sdk_dynamodb::types::AttributeValue;
 use semaphore::clock::now_ms;
 use semaphore::domain::{BorrowPlan, Compaction, Holder};
 use semaphore::keys::LeaseId;
 use semaphore::service::Timing;
+use semaphore::store::dynamodb::pool_key;
+use semaphore::store::dynamodb::schema::{pool_item, segment_item, segment_sort_key, SK};
 use semaphore::store::Updated;
 use semaphore::Limits;
 use semaphore_tests::counting::{Counters, Outcome};
 use semaphore_tests::harness::{
-    dynamodb_client, dynamodb_store_on_the_wire, dynamodb_stores_on_the_wire, pool_id, ApiClient,
-    TABLE,
+    dynamodb_client, dynamodb_store, dynamodb_store_on_the_wire, dynamodb_stores_on_the_wire,
+    pool_id, ApiClient, TABLE,
 };
 
 /// What a list of `(operation, outcome, count)` means on the wire.
@@ -101,23 +105,34 @@ async fn uncontended_operations_send_exactly_their_requests() {
     );
 }
 
-/// A split pool (count above 48): a read is the pool item, then its
-/// segments in one `Query`; a compaction two writes (the segment, then the
-/// pool item); a delete removes its segments too. Compaction here at every
-/// write, so that each operation shows it.
-#[tokio::test]
-async fn a_split_pool_reads_its_segments_after_its_pool_item_and_compacts_in_two_writes() {
-    let counters = Arc::new(Counters::default());
-    let store = dynamodb_store_on_the_wire(counters.clone()).await;
-    let timing = Timing {
+/// Timing that compacts at every write, so that each operation shows it.
+fn compact_always() -> Timing {
+    Timing {
         compaction: Compaction {
             hot_max: 0,
             cold_after_ms: 0,
             ..Compaction::DEFAULT
         },
         ..Timing::default()
-    };
-    let api = ApiClient::with_timing(store, Limits::default(), timing);
+    }
+}
+
+/// A split pool (count above 48): a read is the pool item, then the
+/// segments this process does not have at the versions the pool item
+/// records; a compaction two writes (the segment, then the pool item); a
+/// delete removes its segments too.
+#[tokio::test]
+async fn a_split_pool_reads_its_segments_after_its_pool_item_and_compacts_in_two_writes() {
+    let counters = Arc::new(Counters::default());
+    let store = dynamodb_store_on_the_wire(counters.clone()).await;
+    let api = ApiClient::with_timing(store, Limits::default(), compact_always());
+    // Another process: a cache of its own.
+    let other_counters = Arc::new(Counters::default());
+    let other = ApiClient::with_timing(
+        dynamodb_store_on_the_wire(other_counters.clone()).await,
+        Limits::default(),
+        compact_always(),
+    );
     let id = pool_id();
     sends!(
         counters,
@@ -125,12 +140,12 @@ async fn a_split_pool_reads_its_segments_after_its_pool_item_and_compacts_in_two
         [("PutItem", Won, 1)],
         api.register(&id, 100)
     );
+    // No segment yet: nothing to read but the pool item.
     let body = sends!(
         counters,
         "borrow (then compaction)",
         [
             ("GetItem", Won, 1),
-            ("Query", Won, 1),
             ("UpdateItem", Won, 2),
             ("PutItem", Won, 1)
         ],
@@ -146,23 +161,40 @@ async fn a_split_pool_reads_its_segments_after_its_pool_item_and_compacts_in_two
         )
         .await;
     assert_eq!((again.0, &again.1["position"]), (200, &body["position"]));
-    sends!(
-        counters,
-        "inspect",
+    // The segment as written is this process's: the pool item alone.
+    let seen = sends!(counters, "inspect", [("GetItem", Won, 1)], api.inspect(&id));
+    // Another process reads it once, then has it.
+    let from_other = sends!(
+        other_counters,
+        "inspect (another process)",
         [("GetItem", Won, 1), ("Query", Won, 1)],
-        api.inspect(&id)
+        other.inspect(&id)
+    );
+    assert_eq!(from_other["in_use"], seen["in_use"]);
+    sends!(
+        other_counters,
+        "inspect (another process, again)",
+        [("GetItem", Won, 1)],
+        other.inspect(&id)
     );
     sends!(
         counters,
         "return (a cold lease, then compaction)",
         [
             ("GetItem", Won, 1),
-            ("Query", Won, 1),
             ("UpdateItem", Won, 2),
             ("PutItem", Won, 1)
         ],
         api.return_lease(&id, &lease)
     );
+    // The segment moved on: the other process reads it again.
+    let from_other = sends!(
+        other_counters,
+        "inspect (another process, after a compaction)",
+        [("GetItem", Won, 1), ("Query", Won, 1)],
+        other.inspect(&id)
+    );
+    assert_eq!(from_other["in_use"], 0);
     sends!(
         counters,
         "delete (and its segment)",
@@ -173,24 +205,179 @@ async fn a_split_pool_reads_its_segments_after_its_pool_item_and_compacts_in_two
         ],
         api.delete(&id)
     );
-    let client = dynamodb_client().await;
-    let left = client
+    assert_eq!(items_of(&id).await, 0, "every item of the pool goes");
+}
+
+/// How many items the pool has in the table.
+async fn items_of(id: &str) -> i32 {
+    dynamodb_client()
+        .await
         .query()
         .table_name(TABLE)
         .key_condition_expression("pk = :pk")
-        .expression_attribute_values(
-            ":pk",
-            aws_sdk_dynamodb::types::AttributeValue::B(aws_sdk_dynamodb::primitives::Blob::new(
-                semaphore::keys::PoolId(id.parse().unwrap())
-                    .key()
-                    .0
-                    .to_vec(),
-            )),
-        )
+        .expression_attribute_values(":pk", AttributeValue::B(Blob::new(key_of(id).0.to_vec())))
+        .send()
+        .await
+        .unwrap()
+        .count()
+}
+
+fn key_of(id: &str) -> semaphore::keys::PoolKey {
+    semaphore::api::parse_pool_id(id).unwrap().key()
+}
+
+/// A large pool whose one segment moved since this process read them all:
+/// that segment alone is read again (a `GetItem`, not the `Query` of all),
+/// and what the process answers is what a fresh one does.
+#[tokio::test]
+async fn a_large_pool_reads_again_only_the_segment_that_moved() {
+    let quiet = Arc::new(Counters::default());
+    let api = ApiClient::with_timing(
+        dynamodb_store_on_the_wire(quiet).await,
+        Limits::default(),
+        compact_always(),
+    );
+    let counters = Arc::new(Counters::default());
+    let other = dynamodb_store_on_the_wire(counters.clone()).await;
+    let id = pool_id();
+    let key = key_of(&id);
+    api.register(&id, 1000).await;
+    let mut leases = Vec::new();
+    // Four segments of cold leases (64 positions each).
+    for _ in 0..256 {
+        let (status, body) = api.borrow(&id, 600.0, 0.0).await;
+        assert_eq!(status, 200, "{body}");
+        leases.push(body["lease"].as_str().unwrap().to_string());
+    }
+    let load = |label: &'static str, expected: Vec<(&'static str, Outcome, u64)>| {
+        let (other, counters) = (other.clone(), counters.clone());
+        async move {
+            let before = counters.wire();
+            let record = other.load(&key).await.unwrap().unwrap();
+            let sent = Counters::wire_since(&counters.wire(), &before);
+            assert_eq!(sent, wire(&expected), "{label}");
+            record
+        }
+    };
+    load(
+        "load (all segments)",
+        vec![("GetItem", Won, 1), ("Query", Won, 1)],
+    )
+    .await;
+    assert_eq!(api.return_lease(&id, &leases[70]).await.0, 200);
+    assert_eq!(api.borrow(&id, 600.0, 0.0).await.0, 200);
+    let seen = load("load (one segment moved)", vec![("GetItem", Won, 2)]).await;
+    let fresh = dynamodb_store().await.load(&key).await.unwrap().unwrap();
+    assert_eq!(
+        seen.pool.slots(),
+        fresh.pool.slots(),
+        "the cached segments are the table's"
+    );
+    assert_eq!(seen.pool.in_use(now_ms()), 256);
+    api.delete(&id).await;
+}
+
+/// A segment written ahead of its pool item (a compaction that stopped
+/// halfway, in another process): this process's compaction of it is
+/// refused, its next read gets every segment, and its next write catches
+/// the pool item up.
+#[tokio::test]
+async fn a_segment_ahead_of_its_pool_item_is_found_after_a_refused_compaction() {
+    let counters = Arc::new(Counters::default());
+    let api = ApiClient::with_timing(
+        dynamodb_store_on_the_wire(counters.clone()).await,
+        Limits::default(),
+        compact_always(),
+    );
+    let id = pool_id();
+    api.register(&id, 100).await;
+    assert_eq!(api.borrow(&id, 600.0, 0.0).await.0, 200);
+    // Segment 0 at version 2, its pool item still recording 1.
+    let client = dynamodb_client().await;
+    let pool_item = client
+        .get_item()
+        .table_name(TABLE)
+        .set_key(Some(pool_key(&key_of(&id))))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    let AttributeValue::N(incarnation) = &pool_item[pool_item::INCARNATION] else {
+        panic!("no incarnation")
+    };
+    let mut segment = pool_key(&key_of(&id));
+    segment.insert(
+        SK.to_string(),
+        AttributeValue::B(Blob::new(
+            segment_sort_key(incarnation.parse().unwrap(), 0).to_vec(),
+        )),
+    );
+    let mut item = client
+        .get_item()
+        .table_name(TABLE)
+        .set_key(Some(segment))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    assert_eq!(item[segment_item::VERSION], AttributeValue::N("1".into()));
+    item.insert(segment_item::VERSION.into(), AttributeValue::N("2".into()));
+    client
+        .put_item()
+        .table_name(TABLE)
+        .set_item(Some(item))
         .send()
         .await
         .unwrap();
-    assert_eq!(left.count(), 0, "every item of the pool goes");
+
+    sends!(
+        counters,
+        "borrow (its compaction refused)",
+        [
+            ("GetItem", Won, 1),
+            ("UpdateItem", Won, 1),
+            ("PutItem", Lost, 1)
+        ],
+        api.borrow(&id, 600.0, 0.0)
+    );
+    // Every segment, and the pool item again (a segment ahead of it).
+    sends!(
+        counters,
+        "inspect (doubted)",
+        [("GetItem", Won, 2), ("Query", Won, 1)],
+        api.inspect(&id)
+    );
+    sends!(
+        counters,
+        "borrow (then the catch-up)",
+        [
+            ("GetItem", Won, 2),
+            ("Query", Won, 1),
+            ("UpdateItem", Won, 2)
+        ],
+        api.borrow(&id, 600.0, 0.0)
+    );
+    let caught_up = client
+        .get_item()
+        .table_name(TABLE)
+        .set_key(Some(pool_key(&key_of(&id))))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .unwrap();
+    let AttributeValue::M(versions) = &caught_up[pool_item::SEGMENTS] else {
+        panic!("no segment versions")
+    };
+    assert_eq!(versions["0"], AttributeValue::N("2".into()));
+    let (status, body) = api.inspect(&id).await;
+    assert_eq!((status, &body["in_use"]), (200, &serde_json::json!(3)));
+    api.delete(&id).await;
 }
 
 /// A lost race costs one billed write: the failed `UpdateItem` itself, which

@@ -13,7 +13,8 @@
 //! The files: [`schema`] (every key and attribute name), `codec` (a pool
 //! item to and from its attributes), `expression` (an update as one
 //! conditional `UpdateItem`), `tickets` (ticket items), `admin` (the table),
-//! `wake` (the dispatcher's pending wake), `size` (item sizes as DynamoDB
+//! `segments` (a split pool's cold slots), `segment_cache` (the segments a
+//! process has read), `wake` (the dispatcher's pending wake), `size` (item sizes as DynamoDB
 //! bills them, for tests and the benchmark).
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,12 +37,14 @@ use codec::{encode, number, Item};
 use expression::Expression;
 use schema::pool_item::{INCARNATION, NEXT_TICKET};
 use schema::ticket_item::EXPIRES_AT;
+use segment_cache::SegmentCache;
 use segments::cold_after;
 
 mod admin;
 mod codec;
 mod expression;
 pub mod schema;
+mod segment_cache;
 mod segments;
 #[cfg(any(test, feature = "measure"))]
 mod size;
@@ -66,6 +69,8 @@ pub struct DynamoDbStore {
     /// How long after its last write a pool item may go (`xp`, DynamoDB TTL),
     /// when idle pools expire (`IDLE_POOL_DAYS`).
     idle_expiry: Option<std::time::Duration>,
+    /// Split pools' segments as last read or written here (shared by clones).
+    segments: Arc<SegmentCache>,
 }
 
 impl DynamoDbStore {
@@ -75,6 +80,7 @@ impl DynamoDbStore {
             table: table.into(),
             consumed_milli_units: None,
             idle_expiry: None,
+            segments: Arc::default(),
         }
     }
 
@@ -340,7 +346,12 @@ impl PoolStore for DynamoDbStore {
         }
         let mut expr = Expression::of(read.incarnation, &plan.update, true);
         self.touch(&mut expr);
-        Ok(match self.update_item(pool_key(key), expr).await? {
+        let written = self.update_item(pool_key(key), expr).await;
+        if written.is_err() {
+            // Landed or not: its segment may be ahead of the pool item.
+            self.segments.doubt(key, read.incarnation);
+        }
+        Ok(match written? {
             Written::Now(item) => {
                 // The read's cold slots stand, with this segment as written,
                 // if no other segment was compacted meanwhile.
@@ -355,8 +366,12 @@ impl PoolStore for DynamoDbStore {
                     Updated::Written(self.record_of(key, &item, None).await?)
                 }
             }
-            // The caller only learns it did not land.
-            Written::Lost(Some(_)) => Updated::Lost(read.clone()),
+            // The caller only learns it did not land. Its segment may
+            // have: then it is ahead of the pool item, for a read to find.
+            Written::Lost(Some(_)) => {
+                self.segments.doubt(key, read.incarnation);
+                Updated::Lost(read.clone())
+            }
             Written::Lost(None) => Updated::Gone,
         })
     }
@@ -395,6 +410,7 @@ impl PoolStore for DynamoDbStore {
             .map_err(store_error)?;
         self.record(out.consumed_capacity());
         let old = out.attributes().filter(|a| !a.is_empty());
+        self.segments.forget(key);
         // A split pool's segments go with it, once it is gone: at best effort,
         // since a segment left behind is never read (its sort key names the
         // incarnation deleted) and the pool is deleted either way.

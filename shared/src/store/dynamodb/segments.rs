@@ -5,6 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use futures_util::future::try_join_all;
+
 use aws_sdk_dynamodb::operation::put_item::PutItemError;
 use aws_sdk_dynamodb::primitives::Blob;
 use aws_sdk_dynamodb::types::AttributeValue;
@@ -46,8 +48,10 @@ fn corrupt(what: &str) -> StoreError {
     StoreError::new(StoreErrorKind::Corrupt, format!("segment item: {what}"))
 }
 
-/// Adds one segment item's held slots and version to `cold`.
-fn add_segment(item: &Item, cold: &mut Cold) -> Result<(), StoreError> {
+/// A segment item: its segment, its version and its held positions.
+type Segment = (u16, u32, Vec<(u16, Slot)>);
+
+fn decode_segment(item: &Item) -> Result<Segment, StoreError> {
     let small = |name: &str| match item.get(name) {
         Some(AttributeValue::N(n)) => n.parse::<u64>().map_err(|_| corrupt(name)),
         _ => Err(corrupt(name)),
@@ -73,26 +77,73 @@ fn add_segment(item: &Item, cold: &mut Cold) -> Result<(), StoreError> {
     let base = segment
         .checked_mul(SEGMENT_SLOTS)
         .ok_or_else(|| corrupt(SK))?;
+    let mut held = Vec::new();
     for (i, (slot, stamp)) in slots.iter().zip(stamps).enumerate() {
-        let Some(held) = decode_slot(slot, stamp)? else {
-            continue;
-        };
-        cold.held.insert(base + i as u16, held);
+        if let Some(slot) = decode_slot(slot, stamp)? {
+            held.push((base + i as u16, slot));
+        }
     }
-    cold.stored.insert(segment, version);
-    Ok(())
+    Ok((segment, version, held))
+}
+
+/// Segments missing from the cache are read one `GetItem` each (in
+/// parallel) while they are fewer than a third of the pool's: each costs a
+/// read unit, where the `Query` of them all costs about one per three
+/// segments of a full pool.
+fn few(missing: usize, recorded: usize) -> bool {
+    missing * 3 < recorded
 }
 
 impl DynamoDbStore {
-    /// The segment items of the pool, in one strongly consistent `Query`
-    /// (read after the pool item: a segment is never older than the version
-    /// the pool item records), as cold slots of `incarnation`.
-    pub(super) async fn cold(&self, key: &PoolKey, incarnation: u64) -> Result<Cold, StoreError> {
+    /// The segments the pool item records at `recorded` (segment →
+    /// version), as cold slots of `incarnation`: those this process has
+    /// at those versions from its cache, the others read strongly
+    /// consistent (after the pool item: a segment is never older than the
+    /// version its pool item records). A doubted pool, or one missing many,
+    /// has all its segment items read in one `Query`, which also finds a
+    /// segment its pool item does not record yet.
+    pub(super) async fn cold(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        recorded: &BTreeMap<u16, u32>,
+    ) -> Result<Cold, StoreError> {
+        let found = self.segments.lookup(key, incarnation, recorded);
+        if found.missing.is_empty() && !found.doubted {
+            return Ok(found.cold);
+        }
+        if !found.doubted && few(found.missing.len(), recorded.len()) {
+            let mut cold = found.cold;
+            let reads = found
+                .missing
+                .iter()
+                .map(|segment| self.get(segment_key(key, incarnation, *segment)));
+            for item in try_join_all(reads).await?.into_iter().flatten() {
+                self.add_segment(key, incarnation, &item, &mut cold)?;
+            }
+            return Ok(cold);
+        }
         let mut cold = Cold::default();
         for item in self.segment_items(key, incarnation, false).await? {
-            add_segment(&item, &mut cold)?;
+            self.add_segment(key, incarnation, &item, &mut cold)?;
         }
+        self.segments.trust(key, incarnation);
         Ok(cold)
+    }
+
+    /// Adds a segment item read to `cold`, and keeps it in the cache.
+    fn add_segment(
+        &self,
+        key: &PoolKey,
+        incarnation: u64,
+        item: &Item,
+        cold: &mut Cold,
+    ) -> Result<(), StoreError> {
+        let (segment, version, held) = decode_segment(item)?;
+        cold.held.extend(held.iter().copied());
+        cold.stored.insert(segment, version);
+        self.segments.keep(key, incarnation, segment, version, held);
+        Ok(())
     }
 
     /// Every segment item of the pool's `incarnation` (keys only, with
@@ -161,7 +212,8 @@ impl DynamoDbStore {
     }
 
     /// A split pool item's record with its segments, read as of one
-    /// instant. Segments read after the pool item are its own when each
+    /// instant. Segments read after the pool item (or kept in the cache at
+    /// the versions it records: the same slots) are its own when each
     /// has the version the item records (none was written between the
     /// reads: a segment is written only while its version is the one its
     /// pool item records). Otherwise the pool item is read again after them: then no
@@ -175,8 +227,8 @@ impl DynamoDbStore {
                 return decode_split(&item, &Cold::default());
             }
             let incarnation = incarnation_of(&item).unwrap_or_default();
-            let cold = self.cold(key, incarnation).await?;
             let recorded = segment_versions(&item)?;
+            let cold = self.cold(key, incarnation, &recorded).await?;
             let version = |k: &u16, of: &BTreeMap<u16, u32>| of.get(k).copied().unwrap_or(0);
             let same = recorded
                 .keys()
@@ -208,7 +260,8 @@ impl DynamoDbStore {
     }
 
     /// Writes a compaction's segment, conditioned on the segment item's
-    /// version as read (or its absence): whether it landed.
+    /// version as read (or its absence): whether it landed. Kept in the
+    /// cache when it did.
     pub(super) async fn put_segment(
         &self,
         key: &PoolKey,
@@ -230,10 +283,21 @@ impl DynamoDbStore {
         match put.send().await {
             Ok(out) => {
                 self.record(out.consumed_capacity());
+                let held = plan.slots.iter().enumerate().filter_map(|(i, slot)| {
+                    (*slot != Slot::Free)
+                        .then_some((plan.segment * SEGMENT_SLOTS + i as u16, *slot))
+                });
+                self.segments
+                    .keep(key, incarnation, plan.segment, plan.version, held);
                 Ok(true)
             }
             Err(err) => match err.as_service_error() {
-                Some(PutItemError::ConditionalCheckFailedException(_)) => Ok(false),
+                Some(PutItemError::ConditionalCheckFailedException(_)) => {
+                    // Another compaction wrote it, maybe one that stopped
+                    // before its pool item: find it on the next read.
+                    self.segments.doubt(key, incarnation);
+                    Ok(false)
+                }
                 _ => Err(store_error(err)),
             },
         }
