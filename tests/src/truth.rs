@@ -83,6 +83,8 @@ pub struct Truth {
     deletes: Mutex<HashMap<PoolKey, Vec<(u64, u64)>>>,
     /// Compactions of split pools whose pool item write landed.
     pub compactions: std::sync::atomic::AtomicU64,
+    /// Flat pools split (their pool item write landed).
+    pub splits: std::sync::atomic::AtomicU64,
 }
 
 impl Truth {
@@ -228,6 +230,11 @@ impl PoolStore for Recorder {
         let updated = self.inner.update(key, read, update).await?;
         if let Updated::Written(now) | Updated::Lost(now) = &updated {
             self.truth.saw(key, now, since, &granting);
+        }
+        if matches!(updated, Updated::Written(_)) && update.changes == [Change::Split] {
+            self.truth
+                .splits
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(updated)
     }

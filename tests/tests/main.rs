@@ -22,6 +22,7 @@ mod item_growth;
 mod randomized;
 mod reliability;
 mod tickets;
+mod upgrade;
 mod waiting_budget;
 
 /// With `autotests = false`, a file in tests/tests/ that is not declared

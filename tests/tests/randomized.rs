@@ -401,6 +401,44 @@ async fn dynamodb_split_pools_random_history_is_correct() {
     compacted("dynamodb+split", &truth);
 }
 
+/// Timing of a process that stores every pool flat (as every version
+/// before the split layout did), beside [`split_timing`]'s.
+fn flat_timing() -> Timing {
+    Timing {
+        compaction: Compaction {
+            split_above: u16::MAX,
+            ..split_timing().compaction
+        },
+        ..Timing::default()
+    }
+}
+
+/// An upgrade under load: half the processes create every pool flat and
+/// never split one, half split every flat pool they write (and compact),
+/// so pools are split while they are borrowed, waited on, returned,
+/// resized and deleted, and served by both kinds of process after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dynamodb_pools_split_in_place_random_history_is_correct() {
+    let truth = Arc::new(Truth::default());
+    let mut apis = Vec::new();
+    for i in 0..INSTANCES {
+        let timing = if i % 2 == 0 {
+            flat_timing()
+        } else {
+            split_timing()
+        };
+        let store = recorded(dynamodb_store().await, &truth);
+        apis.push(Arc::new(ApiClient::with_timing(store, LIMITS, timing)));
+    }
+    let clean = ApiClient::with_timing(dynamodb_store().await, LIMITS, flat_timing());
+    let workload = Workload::new(seed(), operations(3000));
+    run_and_check("dynamodb+upgrade", workload, &apis, &truth, &clean, false).await;
+    let splits = truth.splits.load(Ordering::Relaxed);
+    eprintln!("dynamodb+upgrade: {splits} pools split in place");
+    assert!(splits > 3, "no pool was split in place: {splits}");
+    compacted("dynamodb+upgrade", &truth);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_with_room_to_spare_random_history_is_correct() {
     let truth = Arc::new(Truth::default());

@@ -159,6 +159,40 @@ impl Pool {
         self.with_layout(layout)
     }
 
+    /// The write that splits a flat pool whose count is above
+    /// `config.split_above`: one stored before the split layout, or raised
+    /// past it by a resize. Its held slots become hot entries and leave the
+    /// pool item with compaction, a segment a write. Conditioned on its
+    /// slots as read: the same holders and no grant since (so the same
+    /// stamps).
+    pub fn plan_split(&self, config: Compaction) -> Option<Update> {
+        if !matches!(self.layout, Layout::Flat) || self.count <= config.split_above {
+            return None;
+        }
+        Some(Update {
+            expect: vec![Expect::FlatAsRead {
+                fence: self.next_fence,
+                holders: self.holders_digest(),
+            }],
+            changes: vec![Change::Split],
+        })
+    }
+
+    /// A digest of who holds each slot (free ones included, by position):
+    /// with the fence counter, it tells a flat pool's slots as read.
+    pub fn holders_digest(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::hash::DefaultHasher::new();
+        for slot in &self.slots {
+            match slot {
+                Slot::Free => None,
+                Slot::Held { holder, .. } => Some(holder),
+            }
+            .hash(&mut hasher);
+        }
+        hasher.finish()
+    }
+
     /// The pool as stored in `layout` (the pool's truth is unchanged).
     pub fn with_layout(mut self, layout: Layout) -> Self {
         self.layout = layout;
@@ -372,6 +406,18 @@ impl Pool {
     /// Applies a layout change of `change` (made on `next`, the pool so far)
     /// to its bookkeeping: a slot written becomes hot, a cooled one cold.
     pub(super) fn apply_layout(next: &mut Pool, change: Change) {
+        if change == Change::Split {
+            if matches!(next.layout, Layout::Flat) {
+                let hot = (0..next.slots.len() as u16)
+                    .filter(|&p| next.slots[usize::from(p)] != Slot::Free)
+                    .collect();
+                next.layout = Layout::Split(Box::new(Split {
+                    hot,
+                    ..Split::default()
+                }));
+            }
+            return;
+        }
         let Layout::Split(split) = &mut next.layout else {
             return;
         };
@@ -406,6 +452,9 @@ impl Pool {
             }),
             Expect::SegmentVersion { segment, version } => {
                 split.is_some_and(|s| s.version(segment) == version)
+            }
+            Expect::FlatAsRead { fence, holders } => {
+                split.is_none() && self.next_fence == fence && self.holders_digest() == holders
             }
             // A split pool item shows a slot only while it is hot: a write
             // planned while it was, landing after compaction cooled it,

@@ -208,3 +208,39 @@ fn a_slot_taken_twice_by_one_holder_is_given_back() {
     let repaired = both.apply(&both.lower(&repair).0).unwrap();
     assert!(repaired.ticket_of(d(7)).is_none() && repaired.live_lease(d(7), NOW).is_some());
 }
+
+#[test]
+fn a_large_flat_pool_is_split_on_its_slots_as_read() {
+    let config = Compaction::DEFAULT;
+    let mut flat = Pool::new(60, 0).split_above(u16::MAX);
+    for n in 1..=3 {
+        let BorrowPlan::Take { update, .. } = flat.plan_borrow(h(n, 60_000), NOW, NOW, 100) else {
+            panic!()
+        };
+        flat = flat.apply(&update).unwrap();
+    }
+    assert!(Pool::new(FLAT_MAX, 0)
+        .split_above(u16::MAX)
+        .plan_split(config)
+        .is_none());
+    let plan = flat
+        .plan_split(config)
+        .expect("count 60 is above the flat maximum");
+    let after = flat.apply(&plan).expect("as read");
+    assert_eq!(split(&after).hot(), &BTreeSet::from([0, 1, 2]));
+    assert!(split(&after).versions().is_empty());
+    assert_eq!(after.leases(), flat.leases(), "the truth is unchanged");
+    assert!(after.plan_split(config).is_none(), "split once");
+    assert!(after.apply(&plan).is_err(), "not on a split pool");
+
+    // A grant since, or a slot freed since: not as read.
+    let BorrowPlan::Take { update, .. } = flat.plan_borrow(h(4, 60_000), NOW, NOW, 100) else {
+        panic!()
+    };
+    assert!(flat.apply(&update).unwrap().apply(&plan).is_err());
+    let crate::domain::ReturnPlan::Return(_, update) = flat.plan_return(h(2, 60_000).digest, NOW)
+    else {
+        panic!()
+    };
+    assert!(flat.apply(&update).unwrap().apply(&plan).is_err());
+}

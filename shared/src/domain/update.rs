@@ -46,6 +46,11 @@ pub enum Expect {
     Cold { position: u16, version: u32 },
     /// The pool item records this version of the segment.
     SegmentVersion { segment: u16, version: u32 },
+    /// A flat pool item whose slots are as read: no grant since (the fence
+    /// counter is `fence`) and every slot held by whom it was (`holders`, a
+    /// digest of them: [`Pool::holders_digest`]). Only [`Pool::plan_split`]
+    /// writes it.
+    FlatAsRead { fence: u64, holders: u64 },
 }
 
 /// One change an update makes. Indices and positions name the pool as the
@@ -109,6 +114,9 @@ pub enum Change {
         segment: u16,
         version: u32,
     },
+    /// A flat pool item becomes split: each held slot a hot entry, every
+    /// segment unwritten (free), for compaction to cool.
+    Split,
 }
 
 /// A conditional change: every expectation holds, or nothing changes. The
@@ -234,7 +242,7 @@ impl Pool {
             Expect::Admitted(admitted) => self.line.admitted == admitted,
             Expect::ListedIs(digest, number) => self.listed_number(digest) == Some(number),
             Expect::Settled => self.line.is_settled(),
-            Expect::Cold { .. } | Expect::SegmentVersion { .. } => {
+            Expect::Cold { .. } | Expect::SegmentVersion { .. } | Expect::FlatAsRead { .. } => {
                 self.holds_layout(expect).unwrap_or(false)
             }
         }
@@ -320,7 +328,7 @@ fn apply_change(
         }
         Change::RemoveListed(digest) => next.line.listed.retain(|(d, _)| *d != digest),
         // Where slots are stored: see `Pool::apply_layout`.
-        Change::Cool(_) | Change::SetSegmentVersion { .. } => {}
+        Change::Cool(_) | Change::SetSegmentVersion { .. } | Change::Split => {}
     }
 }
 

@@ -240,10 +240,18 @@ impl Harness<'_> {
         })
     }
 
-    /// Runs the compaction `record`'s pool has due, if any: the record
+    /// Runs the compaction (or the split) `record`'s pool has due, if any: the record
     /// after it, or as it was when it did not land (another write got
     /// there first; it is due again on a later write).
     async fn compact(&mut self, key: &PoolKey, record: Record) -> Record {
+        // A flat pool of a large count (stored before the split layout, or
+        // resized past it) is split first: one write of the pool item.
+        if let Some(split) = record.pool.plan_split(self.timing.compaction) {
+            return match self.call(self.store.update(key, &record, &split)).await {
+                Ok(Updated::Written(after)) => after,
+                _ => record,
+            };
+        }
         let Some(plan) = record
             .pool
             .plan_compaction(self.timing.compaction, now_ms())

@@ -228,6 +228,8 @@ fn write_kind(update: &Update) -> &'static str {
         "cancel or prune tickets"
     } else if has(|c| matches!(c, Change::SetSegmentVersion { .. })) {
         "compaction"
+    } else if has(|c| matches!(c, Change::Split)) {
+        "split a flat pool"
     } else {
         "other"
     }
@@ -255,6 +257,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::Settled => "lost: Settled",
         Expect::Cold { .. } => "lost: Cold",
         Expect::SegmentVersion { .. } => "lost: SegmentVersion",
+        Expect::FlatAsRead { .. } => "lost: FlatAsRead",
     }
 }
 

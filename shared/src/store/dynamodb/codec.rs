@@ -132,7 +132,7 @@ pub(super) fn slot_values(slot: &Slot) -> (AttributeValue, AttributeValue) {
 
 /// A pool's slots as its item stores them: every one in `s` and `g` (flat),
 /// or the hot ones in `h` and `t` and the segments' versions in `k` (split).
-fn slot_attributes(pool: &Pool) -> Vec<(String, AttributeValue)> {
+pub(super) fn slot_attributes(pool: &Pool) -> Vec<(String, AttributeValue)> {
     match pool.layout() {
         Layout::Flat => {
             let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) =

@@ -6,14 +6,15 @@ use std::collections::{BTreeSet, HashMap};
 use aws_sdk_dynamodb::types::AttributeValue;
 
 use super::codec::{
-    digest_key, ended_value, give_up_value, holder_value, number, sizing_value, stamp_value,
-    HANDED, STAMP_SCALE,
+    digest_key, ended_value, give_up_value, holder_value, number, sizing_value, slot_attributes,
+    stamp_value, HANDED, STAMP_SCALE,
 };
 use super::schema::pool_item::{
     ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS, INCARNATION,
     LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
-use crate::domain::{Change, Expect, Holder, LeaseDigest, Update};
+use crate::domain::{Change, Expect, Holder, LeaseDigest, Pool, Update};
+use crate::store::Record;
 
 /// One update as DynamoDB expressions (for a pool item, made by [`Expression::of`]). Top-level attribute names are single
 /// letters, none of them reserved words; tombstone keys come from data and
@@ -110,6 +111,9 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
             )
         }
         Expect::SegmentVersion { segment, version } => segment_version(e, segment, version),
+        // Only [`Expression::splitting`] can say it (it needs the slots as
+        // read): never true here, rather than silently so.
+        Expect::FlatAsRead { .. } => format!("attribute_not_exists({INCARNATION})"),
         Expect::Settled => format!(
             "{ADMITTED} = {NEXT_TICKET} AND size({LISTED}) = {}",
             e.zero()
@@ -196,6 +200,8 @@ impl Clauses {
                 self.sets
                     .push(format!("{COUNT} = {}", e.value(sizing_value(sizing))));
             }
+            // Written by [`Expression::splitting`] alone.
+            Change::Split => {}
         }
     }
 
@@ -330,6 +336,39 @@ impl Clauses {
         Expression {
             condition: conditions.join(" AND "),
             update: clauses.join(" "),
+            names: e.names,
+            values: e.values,
+        }
+    }
+}
+
+impl Expression {
+    /// The write that splits a flat pool item ([`crate::domain::Pool::plan_split`]),
+    /// `read` as read and `split` after: conditioned on its slots as read
+    /// (its fence counter, and its list of holders whole: DynamoDB compares
+    /// lists by value), it writes the hot maps and removes the lists.
+    pub(super) fn splitting(read: &Record, split: &Pool) -> Self {
+        let mut e = ExpressionBuilder::default();
+        let inc = e.value(number(read.incarnation));
+        let fence = e.value(AttributeValue::N(
+            (u128::from(read.pool.next_fence()) * STAMP_SCALE).to_string(),
+        ));
+        let mut conditions = vec![
+            format!("{INCARNATION} = {inc}"),
+            format!("{FENCE} = {fence}"),
+        ];
+        for (name, value) in slot_attributes(&read.pool) {
+            if name == SLOTS {
+                conditions.push(format!("{SLOTS} = {}", e.value(value)));
+            }
+        }
+        let sets: Vec<String> = slot_attributes(split)
+            .into_iter()
+            .map(|(name, value)| format!("{name} = {}", e.value(value)))
+            .collect();
+        Expression {
+            condition: conditions.join(" AND "),
+            update: format!("SET {} REMOVE {SLOTS}, {STAMPS}", sets.join(", ")),
             names: e.names,
             values: e.values,
         }

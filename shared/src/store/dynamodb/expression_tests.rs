@@ -201,6 +201,27 @@ fn the_design_document_shows_every_write() {
             }
         }
     }
+    // A flat pool split in place (its own expression: it needs the slots).
+    let mut flat = Pool::new(60, NOW * 1000).split_above(u16::MAX);
+    let BorrowPlan::Take { update, .. } = flat.plan_borrow(holder(1, 30_000), NOW, NOW, 100) else {
+        panic!()
+    };
+    flat = flat.apply(&update).unwrap();
+    let split = flat.plan_split(crate::domain::Compaction::DEFAULT).unwrap();
+    let read = Record {
+        incarnation: 7,
+        pool: flat.clone(),
+    };
+    let e = Expression::splitting(&read, &flat.apply(&split).unwrap());
+    println!(
+        "split in place:\n  ConditionExpression: {}\n  UpdateExpression: {}",
+        e.condition, e.update
+    );
+    for expr in [&e.condition, &e.update] {
+        if !design.contains(expr.as_str()) {
+            missing.push(format!("split in place: {expr}"));
+        }
+    }
     assert!(
         missing.is_empty(),
         "not in docs/DESIGN.md:\n{}",

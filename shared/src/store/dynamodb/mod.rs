@@ -31,7 +31,7 @@ use aws_sdk_dynamodb::types::{
 use aws_sdk_dynamodb::Client;
 
 use super::{Created, Numbered, PoolStore, Record, StoreError, StoreErrorKind, Updated};
-use crate::domain::{CompactionPlan, Layout, Pool, Update};
+use crate::domain::{Change, CompactionPlan, Layout, Pool, Update};
 use crate::keys::PoolKey;
 use codec::{encode, number, Item};
 use expression::Expression;
@@ -320,7 +320,18 @@ impl PoolStore for DynamoDbStore {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let split = matches!(read.pool.layout(), Layout::Split(_));
-        let mut expr = Expression::of(read.incarnation, update, split);
+        let mut expr = match update.changes.as_slice() {
+            [Change::Split] => {
+                let after = read.pool.apply(update).map_err(|failed| {
+                    StoreError::new(
+                        StoreErrorKind::Corrupt,
+                        format!("a split planned on a pool it does not fit: {failed:?}"),
+                    )
+                })?;
+                Expression::splitting(read, &after)
+            }
+            _ => Expression::of(read.incarnation, update, split),
+        };
         self.touch(&mut expr);
         Ok(match self.update_item(pool_key(key), expr).await? {
             Written::Now(item) => Updated::Written(self.record_of(key, &item, Some(read)).await?),
@@ -332,8 +343,9 @@ impl PoolStore for DynamoDbStore {
     }
 
     /// The segment (a `PutItem` conditioned on its version as read), then
-    /// the pool item. A crash between them leaves the segment ahead: the
-    /// next compaction catches the pool item up first.
+    /// the pool item. A crash between them leaves the segment ahead: a
+    /// compaction that finds it (its segment write refused) has the pool's
+    /// segments read whole, and the next catches the pool item up first.
     async fn compact(
         &self,
         key: &PoolKey,

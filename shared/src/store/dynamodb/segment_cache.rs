@@ -11,19 +11,22 @@
 //! by a compaction that stopped halfway (another process's, say): its pool
 //! item does not record it yet. Reading it is not needed for the truth (the
 //! pool item still holds every position it moved), only for catching the
-//! pool item up. A compaction that finds it (its segment write is refused)
+//! pool item up. A compaction that may have left one, or finds one (its
+//! segment write refused or failed, its pool item write lost or failed),
 //! marks the pool doubted, and the next read queries every segment.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::codec::Cold;
 use crate::domain::Slot;
 use crate::keys::PoolKey;
 
-/// Segments kept at most (about 1.3 KB each fully held: a few MB). When
-/// full the cache starts again empty: a miss costs a read, never a mistake.
-const CAPACITY: usize = 4096;
+/// Segments kept at most (about 3 KB each in memory fully held: 6 MB).
+/// When full the cache starts again empty: a miss costs a read, never a
+/// mistake. Doubted pools are bounded the same way: a doubt forgotten is
+/// found again by the next refused segment write.
+const CAPACITY: usize = 2048;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 struct SegmentId {
@@ -42,8 +45,10 @@ struct Kept {
 struct Inner {
     segments: HashMap<SegmentId, Kept>,
     /// Pools (of an incarnation) that may have a segment ahead of its pool
-    /// item: read all their segments next time.
-    doubted: HashSet<(PoolKey, u64)>,
+    /// item: read all their segments next time. Each doubt is numbered, so
+    /// that a read clears only the doubt it saw before it started.
+    doubted: HashMap<(PoolKey, u64), u64>,
+    doubts: u64,
 }
 
 #[derive(Default)]
@@ -57,8 +62,9 @@ pub(super) struct Lookup {
     pub(super) cold: Cold,
     /// The recorded segments it does not hold at their versions.
     pub(super) missing: Vec<u16>,
-    /// Whether every segment must be read (see the module's doc).
-    pub(super) doubted: bool,
+    /// Whether every segment must be read (see the module's doc): the
+    /// doubt to clear once they are.
+    pub(super) doubted: Option<u64>,
 }
 
 impl SegmentCache {
@@ -79,7 +85,7 @@ impl SegmentCache {
         let mut found = Lookup {
             cold: Cold::default(),
             missing: Vec::new(),
-            doubted: inner.doubted.contains(&(*pool, incarnation)),
+            doubted: inner.doubted.get(&(*pool, incarnation)).copied(),
         };
         for (&segment, &version) in recorded {
             let id = SegmentId {
@@ -134,19 +140,29 @@ impl SegmentCache {
 
     /// The pool may have a segment ahead of its pool item.
     pub(super) fn doubt(&self, pool: &PoolKey, incarnation: u64) {
-        self.inner().doubted.insert((*pool, incarnation));
+        let mut inner = self.inner();
+        if inner.doubted.len() >= CAPACITY {
+            inner.doubted.clear();
+        }
+        inner.doubts += 1;
+        let doubt = inner.doubts;
+        inner.doubted.insert((*pool, incarnation), doubt);
     }
 
-    /// Every segment of the pool was just read.
-    pub(super) fn trust(&self, pool: &PoolKey, incarnation: u64) {
-        self.inner().doubted.remove(&(*pool, incarnation));
+    /// Every segment of the pool was read, after its lookup saw `seen`: a
+    /// doubt raised since stays.
+    pub(super) fn trust(&self, pool: &PoolKey, incarnation: u64, seen: Option<u64>) {
+        let mut inner = self.inner();
+        if seen.is_some() && inner.doubted.get(&(*pool, incarnation)) == seen.as_ref() {
+            inner.doubted.remove(&(*pool, incarnation));
+        }
     }
 
     /// The pool is gone: its segments are never read again.
     pub(super) fn forget(&self, pool: &PoolKey) {
         let mut inner = self.inner();
         inner.segments.retain(|id, _| id.pool != *pool);
-        inner.doubted.retain(|(p, _)| p != pool);
+        inner.doubted.retain(|(p, _), _| p != pool);
     }
 }
 
@@ -182,7 +198,7 @@ mod tests {
         assert_eq!(found.cold.held.keys().copied().collect::<Vec<_>>(), [3]);
         assert_eq!(found.cold.stored, BTreeMap::from([(0, 2)]));
         assert_eq!(found.missing, [1]);
-        assert!(!found.doubted);
+        assert!(found.doubted.is_none());
         // Another version, another incarnation, another pool: not found.
         assert_eq!(
             cache.lookup(&pool, 7, &BTreeMap::from([(0, 3)])).missing,
@@ -217,14 +233,30 @@ mod tests {
         let pool = PoolKey([1; 16]);
         cache.keep(&pool, 7, 0, 1, [held(3)]);
         cache.doubt(&pool, 7);
-        assert!(cache.lookup(&pool, 7, &BTreeMap::new()).doubted);
-        assert!(!cache.lookup(&pool, 8, &BTreeMap::new()).doubted);
-        cache.trust(&pool, 7);
-        assert!(!cache.lookup(&pool, 7, &BTreeMap::new()).doubted);
+        let seen = cache.lookup(&pool, 7, &BTreeMap::new()).doubted;
+        assert!(seen.is_some());
+        assert!(cache.lookup(&pool, 8, &BTreeMap::new()).doubted.is_none());
+        cache.trust(&pool, 7, seen);
+        assert!(cache.lookup(&pool, 7, &BTreeMap::new()).doubted.is_none());
         cache.forget(&pool);
         assert_eq!(
             cache.lookup(&pool, 7, &BTreeMap::from([(0, 1)])).missing,
             [0]
         );
+    }
+
+    #[test]
+    fn a_doubt_raised_while_the_segments_were_read_stays() {
+        let cache = SegmentCache::default();
+        let pool = PoolKey([1; 16]);
+        cache.doubt(&pool, 7);
+        let seen = cache.lookup(&pool, 7, &BTreeMap::new()).doubted;
+        // Another request's compaction is refused during this read.
+        cache.doubt(&pool, 7);
+        cache.trust(&pool, 7, seen);
+        assert!(cache.lookup(&pool, 7, &BTreeMap::new()).doubted.is_some());
+        // A read that started undoubted clears nothing either.
+        cache.trust(&pool, 7, None);
+        assert!(cache.lookup(&pool, 7, &BTreeMap::new()).doubted.is_some());
     }
 }

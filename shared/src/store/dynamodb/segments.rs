@@ -1,7 +1,9 @@
 //! A split pool's segment items: its cold slots, 64 positions an item,
 //! written only by compaction (see `domain/layout.rs`). Read after the pool
-//! item, in one `Query` of the pool's incarnation (its sort keys carry it:
-//! an earlier pool of the same id never shares one).
+//! item: those this process does not have at the versions the pool item
+//! records (`segment_cache`), by `GetItem` when few, else in one `Query` of
+//! the pool's incarnation (its sort keys carry it: an earlier pool of the
+//! same id never shares one).
 
 use std::collections::BTreeMap;
 
@@ -87,9 +89,9 @@ fn decode_segment(item: &Item) -> Result<Segment, StoreError> {
 }
 
 /// Segments missing from the cache are read one `GetItem` each (in
-/// parallel) while they are fewer than a third of the pool's: each costs a
-/// read unit, where the `Query` of them all costs about one per three
-/// segments of a full pool.
+/// parallel) while they are fewer than a third of those the pool item
+/// records: each costs a read unit, where the `Query` of them all costs
+/// about one per three segments of a full pool.
 fn few(missing: usize, recorded: usize) -> bool {
     missing * 3 < recorded
 }
@@ -109,10 +111,10 @@ impl DynamoDbStore {
         recorded: &BTreeMap<u16, u32>,
     ) -> Result<Cold, StoreError> {
         let found = self.segments.lookup(key, incarnation, recorded);
-        if found.missing.is_empty() && !found.doubted {
+        if found.missing.is_empty() && found.doubted.is_none() {
             return Ok(found.cold);
         }
-        if !found.doubted && few(found.missing.len(), recorded.len()) {
+        if found.doubted.is_none() && few(found.missing.len(), recorded.len()) {
             let mut cold = found.cold;
             let reads = found
                 .missing
@@ -127,7 +129,7 @@ impl DynamoDbStore {
         for item in self.segment_items(key, incarnation, false).await? {
             self.add_segment(key, incarnation, &item, &mut cold)?;
         }
-        self.segments.trust(key, incarnation);
+        self.segments.trust(key, incarnation, found.doubted);
         Ok(cold)
     }
 
@@ -298,7 +300,11 @@ impl DynamoDbStore {
                     self.segments.doubt(key, incarnation);
                     Ok(false)
                 }
-                _ => Err(store_error(err)),
+                // It may have landed.
+                _ => {
+                    self.segments.doubt(key, incarnation);
+                    Err(store_error(err))
+                }
             },
         }
     }
