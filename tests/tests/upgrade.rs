@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{Caller, Dispatcher, Local};
-use semaphore::domain::{BorrowPlan, Compaction, Holder, Layout, Pool};
+use semaphore::domain::{BorrowPlan, Compaction, Holder, Layout, Pool, ReturnPlan};
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::service::Timing;
 use semaphore::store::DynamoDbStore;
-use semaphore::store::{PoolStore, Record, TicketStore};
+use semaphore::store::{PoolStore, Record, TicketStore, Updated};
 use semaphore::Limits;
 use semaphore_tests::counting::{on_the_wire, Counters};
 use semaphore_tests::harness::{dynamodb_client, pool_id, ApiClient, Backend, TABLE};
@@ -268,7 +268,21 @@ async fn a_full_flat_pool_of_the_largest_count_splits_on_dynamodb() {
     let (status, body) = api.return_lease(&pool, &leases[0]).await;
     assert_eq!((status, &body["returned"]), (200, &json!(true)));
     let split_at = counters.billed().since(&before);
-    assert!(matches!(layout(&stores.0, &pool).await, Layout::Split(_)));
+    let split = Backend::DynamoDb
+        .store()
+        .await
+        .load(&key)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(split.pool.layout(), Layout::Split(_)));
+    let mut kept = flat.leases();
+    kept.remove(0);
+    assert_eq!(
+        split.pool.leases(),
+        kept,
+        "every other grant exactly as it was"
+    );
     // Each write after cools a segment.
     for mine in &leases[1..20] {
         let (status, body) = api.return_lease(&pool, mine).await;
@@ -301,8 +315,78 @@ async fn a_full_flat_pool_of_the_largest_count_splits_on_dynamodb() {
     api.delete(&pool).await;
 }
 
+/// Writes planned on a pool while it was flat, landing after its split:
+/// each that names a slot fails (and is planned again on the split item),
+/// a join lands, and every lease keeps its grant exactly.
+async fn writes_planned_on_the_flat_pool_fail_on_its_slots_after_the_split(backend: Backend) {
+    let stores = backend.stores().await;
+    let old = service(&stores, flat());
+    let pool = pool_id();
+    old.register(&pool, 60).await;
+    let mut digests = Vec::new();
+    for _ in 0..3 {
+        let (status, body) = old.borrow(&pool, 600.0, 0.0).await;
+        assert_eq!(status, 200);
+        digests.push(LeaseId(body["lease"].as_str().unwrap().parse().unwrap()).digest());
+    }
+    let key = PoolId(pool.parse().unwrap()).key();
+    let read = stores.0.load(&key).await.unwrap().unwrap();
+    assert_eq!(read.pool.layout(), &Layout::Flat);
+    let split = read.pool.plan_split(Compaction::DEFAULT).unwrap();
+    let Updated::Written(after) = stores.0.update(&key, &read, &split).await.unwrap() else {
+        panic!("the split lands")
+    };
+    assert!(matches!(after.pool.layout(), Layout::Split(_)));
+    assert_eq!(
+        after.pool.leases(),
+        read.pool.leases(),
+        "every grant as it was"
+    );
+    // Its own split again: not as read any more.
+    assert!(matches!(
+        stores.0.update(&key, &read, &split).await.unwrap(),
+        Updated::Lost(_)
+    ));
+
+    let now = semaphore::clock::now_ms();
+    let newcomer = Holder {
+        digest: LeaseId(uuid::Uuid::new_v4()).digest(),
+        ttl_ms: 60_000,
+    };
+    let BorrowPlan::Take { update: take, .. } = read.pool.plan_borrow(newcomer, now, now, 100)
+    else {
+        panic!("a free slot")
+    };
+    let ReturnPlan::Return(_, give_back) = read.pool.plan_return(digests[1], now) else {
+        panic!("held")
+    };
+    let grow = read.pool.plan_resize(70, now).unwrap();
+    for (what, update) in [("take", take), ("return", give_back), ("resize", grow)] {
+        let landed = stores.0.update(&key, &read, &update).await.unwrap();
+        assert!(matches!(landed, Updated::Lost(_)), "{what}: {landed:?}");
+    }
+    let BorrowPlan::Join(join) =
+        read.pool
+            .plan_borrow_or_join(newcomer, now + 5_000, now, 100, false)
+    else {
+        panic!("a join")
+    };
+    let Updated::Written(joined) = stores.0.update(&key, &read, &join).await.unwrap() else {
+        panic!("a join names no slot: it lands")
+    };
+    assert_eq!(joined.pool.queue().len(), 1);
+    let fresh = backend.store().await;
+    let now_stored = match backend {
+        Backend::Memory => stores.0.load(&key).await.unwrap().unwrap(),
+        Backend::DynamoDb => fresh.load(&key).await.unwrap().unwrap(),
+    };
+    assert_eq!(now_stored.pool.leases(), read.pool.leases());
+    stores.0.delete(&key).await.unwrap();
+}
+
 on_both_stores!(
     workers = 4;
+    writes_planned_on_the_flat_pool_fail_on_its_slots_after_the_split,
     a_flat_pool_is_split_in_place_with_its_leases_waiters_and_tickets,
     a_pool_resized_past_the_flat_threshold_is_split,
 );

@@ -10,7 +10,10 @@ use super::{
     Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated, Updated,
     WakeStore,
 };
-use crate::domain::{CompactionPlan, DeliveryClaim, LeaseDigest, TicketItem, TicketState, Update};
+use crate::domain::{
+    CompactionPlan, DeliveryClaim, Expect, Layout, LeaseDigest, Pool, TicketItem, TicketState,
+    Update,
+};
 use crate::keys::PoolKey;
 
 #[derive(Default)]
@@ -70,6 +73,10 @@ impl PoolStore for MemoryStore {
         if current.incarnation != read.incarnation {
             return Ok(Updated::Lost(current.clone()));
         }
+        let as_stored = as_stored(read, &current.pool, update);
+        let Some(update) = as_stored.as_ref() else {
+            return Ok(Updated::Lost(current.clone()));
+        };
         match current.pool.apply(update) {
             Ok(next) => {
                 current.pool = next;
@@ -95,6 +102,29 @@ impl PoolStore for MemoryStore {
         lock(&self.wakes).remove(key);
         Ok(self.pools().remove(key).is_some())
     }
+}
+
+/// `update` as DynamoDB checks it on the pool item as it is now: a write
+/// planned on a flat pool that has been split since fails every condition
+/// on the lists it names (`s[N]`, `g[N]`, `size(s)`: `None`), and finds no
+/// holder in a list that is gone (`NOT contains(s, …)` holds).
+fn as_stored(read: &Record, current: &Pool, update: &Update) -> Option<Update> {
+    let split_since =
+        matches!(read.pool.layout(), Layout::Flat) && matches!(current.layout(), Layout::Split(_));
+    if !split_since {
+        return Some(update.clone());
+    }
+    let mut update = update.clone();
+    for expect in &update.expect {
+        if matches!(
+            expect,
+            Expect::SlotFree(_) | Expect::SlotStamp { .. } | Expect::SlotsLen(_)
+        ) {
+            return None;
+        }
+    }
+    update.expect.retain(|e| !matches!(e, Expect::NotHeld(_)));
+    Some(update)
 }
 
 /// The DynamoDB store's conditions on `wk`, over a map.
