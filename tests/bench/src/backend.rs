@@ -298,6 +298,29 @@ impl Around for Classified {
         self.breakdown.add(kind, how);
         outcome
     }
+
+    /// A compaction's two writes, as one: whether its pool item write landed.
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        let kind = if plan.slots.is_empty() {
+            "compaction (catch-up)"
+        } else {
+            "compaction"
+        };
+        let outcome = self.inner.compact(key, read, plan).await;
+        let how = match &outcome {
+            Ok(Updated::Written(_)) => "won",
+            Ok(Updated::Gone) => "lost: pool gone",
+            Ok(Updated::Lost(_)) => "lost: segment or pool item",
+            Err(_) => "failed call",
+        };
+        self.breakdown.add(kind, how);
+        outcome
+    }
 }
 
 /// DynamoDB Local started by `tests/dynamodb-local`, stopped on drop (also on
