@@ -222,6 +222,23 @@ async fn items_of(id: &str) -> i32 {
         .count()
 }
 
+/// The item with this key, as the table holds it.
+async fn raw_item(
+    client: &aws_sdk_dynamodb::Client,
+    key: std::collections::HashMap<String, AttributeValue>,
+) -> std::collections::HashMap<String, AttributeValue> {
+    client
+        .get_item()
+        .table_name(TABLE)
+        .set_key(Some(key))
+        .consistent_read(true)
+        .send()
+        .await
+        .unwrap()
+        .item
+        .expect("the item")
+}
+
 fn key_of(id: &str) -> semaphore::keys::PoolKey {
     semaphore::api::parse_pool_id(id).unwrap().key()
 }
@@ -294,16 +311,7 @@ async fn a_segment_ahead_of_its_pool_item_is_found_after_a_refused_compaction() 
     assert_eq!(api.borrow(&id, 600.0, 0.0).await.0, 200);
     // Segment 0 at version 2, its pool item still recording 1.
     let client = dynamodb_client().await;
-    let pool_item = client
-        .get_item()
-        .table_name(TABLE)
-        .set_key(Some(pool_key(&key_of(&id))))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .unwrap();
+    let pool_item = raw_item(&client, pool_key(&key_of(&id))).await;
     let AttributeValue::N(incarnation) = &pool_item[pool_item::INCARNATION] else {
         panic!("no incarnation")
     };
@@ -314,16 +322,7 @@ async fn a_segment_ahead_of_its_pool_item_is_found_after_a_refused_compaction() 
             segment_sort_key(incarnation.parse().unwrap(), 0).to_vec(),
         )),
     );
-    let mut item = client
-        .get_item()
-        .table_name(TABLE)
-        .set_key(Some(segment))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .unwrap();
+    let mut item = raw_item(&client, segment).await;
     assert_eq!(item[segment_item::VERSION], AttributeValue::N("1".into()));
     item.insert(segment_item::VERSION.into(), AttributeValue::N("2".into()));
     client
@@ -361,16 +360,7 @@ async fn a_segment_ahead_of_its_pool_item_is_found_after_a_refused_compaction() 
         ],
         api.borrow(&id, 600.0, 0.0)
     );
-    let caught_up = client
-        .get_item()
-        .table_name(TABLE)
-        .set_key(Some(pool_key(&key_of(&id))))
-        .consistent_read(true)
-        .send()
-        .await
-        .unwrap()
-        .item
-        .unwrap();
+    let caught_up = raw_item(&client, pool_key(&key_of(&id))).await;
     let AttributeValue::M(versions) = &caught_up[pool_item::SEGMENTS] else {
         panic!("no segment versions")
     };

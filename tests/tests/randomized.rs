@@ -413,30 +413,59 @@ fn flat_timing() -> Timing {
     }
 }
 
-/// An upgrade under load: half the processes create every pool flat and
-/// never split one, half split every flat pool they write (and compact),
-/// so pools are split while they are borrowed, waited on, returned,
-/// resized and deleted, and served by both kinds of process after.
+/// Half the instances over `stores` store every pool flat and never split
+/// one, half split every flat pool they write (and compact).
+fn upgrading_instances(stores: Vec<Arc<dyn PoolStore>>) -> Vec<Arc<ApiClient>> {
+    stores
+        .into_iter()
+        .enumerate()
+        .map(|(i, store)| {
+            let timing = if i % 2 == 0 {
+                flat_timing()
+            } else {
+                split_timing()
+            };
+            Arc::new(ApiClient::with_timing(store, LIMITS, timing))
+        })
+        .collect()
+}
+
+/// Pools were split in place during the run.
+fn split_in_place(name: &str, truth: &Truth) {
+    let splits = truth.splits.load(Ordering::Relaxed);
+    eprintln!("{name}: {splits} pools split in place");
+    assert!(splits > 3, "no pool was split in place: {splits}");
+    compacted(name, truth);
+}
+
+/// An upgrade under load: pools are split while they are borrowed, waited
+/// on, returned, resized and deleted, and served by both kinds of process
+/// after ([`upgrading_instances`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn dynamodb_pools_split_in_place_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
-    let mut apis = Vec::new();
-    for i in 0..INSTANCES {
-        let timing = if i % 2 == 0 {
-            flat_timing()
-        } else {
-            split_timing()
-        };
-        let store = recorded(dynamodb_store().await, &truth);
-        apis.push(Arc::new(ApiClient::with_timing(store, LIMITS, timing)));
+    let mut stores = Vec::new();
+    for _ in 0..INSTANCES {
+        stores.push(recorded(dynamodb_store().await, &truth));
     }
+    let apis = upgrading_instances(stores);
     let clean = ApiClient::with_timing(dynamodb_store().await, LIMITS, flat_timing());
     let workload = Workload::new(seed(), operations(3000));
     run_and_check("dynamodb+upgrade", workload, &apis, &truth, &clean, false).await;
-    let splits = truth.splits.load(Ordering::Relaxed);
-    eprintln!("dynamodb+upgrade: {splits} pools split in place");
-    assert!(splits > 3, "no pool was split in place: {splits}");
-    compacted("dynamodb+upgrade", &truth);
+    split_in_place("dynamodb+upgrade", &truth);
+}
+
+/// The same on the in-memory store, which checks a write planned on a flat
+/// pool split since as DynamoDB does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn memory_store_pools_split_in_place_random_history_is_correct() {
+    let truth = Arc::new(Truth::default());
+    let store = recorded(memory_store(), &truth);
+    let apis = upgrading_instances((0..INSTANCES).map(|_| store.clone()).collect());
+    let clean = ApiClient::with_timing(store, LIMITS, flat_timing());
+    let workload = Workload::new(seed(), operations(3000));
+    run_and_check("memory+upgrade", workload, &apis, &truth, &clean, false).await;
+    split_in_place("memory+upgrade", &truth);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
