@@ -285,12 +285,8 @@ impl DynamoDbStore {
         match put.send().await {
             Ok(out) => {
                 self.record(out.consumed_capacity());
-                let held = plan.slots.iter().enumerate().filter_map(|(i, slot)| {
-                    (*slot != Slot::Free)
-                        .then_some((plan.segment * SEGMENT_SLOTS + i as u16, *slot))
-                });
                 self.segments
-                    .keep(key, incarnation, plan.segment, plan.version, held);
+                    .keep(key, incarnation, plan.segment, plan.version, held_of(plan));
                 Ok(true)
             }
             Err(err) => match err.as_service_error() {
@@ -357,14 +353,19 @@ pub(super) fn cold_after(read: &Record, plan: &CompactionPlan) -> Cold {
         cold.stored.insert(plan.segment, plan.version);
         return cold;
     }
-    let base = plan.segment * SEGMENT_SLOTS;
     cold.held
         .retain(|p, _| crate::domain::segment_of(*p) != plan.segment);
-    for (i, slot) in plan.slots.iter().enumerate() {
-        if *slot != Slot::Free {
-            cold.held.insert(base + i as u16, *slot);
-        }
-    }
+    cold.held.extend(held_of(plan));
     cold.stored.insert(plan.segment, plan.version);
     cold
+}
+
+/// The held slots of the segment `plan` writes, by position.
+fn held_of(plan: &CompactionPlan) -> impl Iterator<Item = (u16, Slot)> + '_ {
+    let base = plan.segment * SEGMENT_SLOTS;
+    plan.slots
+        .iter()
+        .enumerate()
+        .filter(|(_, slot)| **slot != Slot::Free)
+        .map(move |(i, slot)| (base + i as u16, *slot))
 }
