@@ -111,6 +111,7 @@ fn compact_always() -> Timing {
         compaction: Compaction {
             hot_max: 0,
             cold_after_ms: 0,
+            every: 1,
             ..Compaction::DEFAULT
         },
         ..Timing::default()

@@ -372,6 +372,8 @@ fn split_timing() -> Timing {
             split_above: 0,
             hot_max: 1,
             cold_after_ms: 100,
+            // Elected compactors, and past 3 hot entries every writer.
+            every: 2,
         },
         ..Timing::default()
     }

@@ -16,6 +16,7 @@
 //! [`Pool::lower`] turns what they expect of a slot into what the pool item
 //! can show, and every write goes through it.
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
 
 use super::{Change, Expect, Holder, Lease, LeaseDigest, Pool, Slot, Update};
@@ -27,6 +28,9 @@ pub const FLAT_MAX: u16 = 48;
 /// Slots per segment item: fully held, about 1.3 KB.
 pub const SEGMENT_SLOTS: u16 = 64;
 
+/// How many of the fullest segments elected compactions take turns at.
+const COMPACTION_SPREAD: usize = 3;
+
 /// Which new pools are split, and when the pool item's hot entries move to
 /// their segments.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,19 +40,36 @@ pub struct Compaction {
     pub split_above: u16,
     /// More hot entries than this, and compaction is due.
     pub hot_max: usize,
-    /// A live lease younger than this stays hot: the slots just granted are
-    /// those most likely to be written again soon (returned, handed on),
+    /// A live lease younger than this stays hot: a slot just granted is the
+    /// likeliest to be written again soon (returned at once, handed on),
     /// and a write to a hot slot conditions on it alone, not on its
-    /// segment's version.
+    /// segment's version. Short: every live lease kept hot makes every
+    /// write of the pool item larger, and a busy pool grants many a second.
     pub cold_after_ms: u64,
+    /// Which writes compact ([`Pool::compaction_turn`]): one in this many,
+    /// so that writers landing together do not all plan the same
+    /// compaction, of which only one can land (1: every write).
+    pub every: u64,
 }
 
 impl Compaction {
     pub const DEFAULT: Compaction = Compaction {
         split_above: FLAT_MAX,
         hot_max: 16,
-        cold_after_ms: 4_000,
+        cold_after_ms: 100,
+        every: 2,
     };
+
+    /// Past this many hot entries every write compacts, elected or not: an
+    /// elected compaction that lost is not tried again until the next one.
+    pub fn hot_limit(&self) -> usize {
+        self.hot_max.saturating_mul(
+            std::env::var("HL")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(3),
+        )
+    }
 }
 
 impl Default for Compaction {
@@ -325,22 +346,77 @@ impl Pool {
         }
     }
 
-    /// The compaction due on this pool at `now_ms`, if any: the segment
-    /// with the most hot entries that may leave the pool item (free ones,
-    /// expired ones, and live ones older than `cold_after_ms`).
-    pub fn plan_compaction(&self, config: Compaction, now_ms: u64) -> Option<CompactionPlan> {
+    /// Whether the write that left this pool compacts it, having taken
+    /// `fences` fences ([`Update::fences`]), and if so its turn (for
+    /// [`Pool::plan_compaction`]). Compaction is due past `hot_max` hot
+    /// entries, and every writer would see it due; one in `every` is
+    /// elected without a word between them. Writes land one at a time, so
+    /// the fences a write took are its own (the last `fences` below the
+    /// counter it left), and so is the hot entry a write that granted
+    /// nothing added: the writer that took a fence that is a multiple of
+    /// `every`, or left the hot entries a multiple of `every`, compacts.
+    /// Past [`Compaction::hot_limit`] every writer does.
+    ///
+    /// [`Update::fences`]: super::Update::fences
+    pub fn compaction_turn(&self, config: Compaction, fences: u64) -> Option<u64> {
+        let Layout::Split(split) = &self.layout else {
+            return None;
+        };
+        let hot = split.hot.len() as u64;
+        let every = config.every.max(1);
+        if hot <= config.hot_max as u64 {
+            return None;
+        }
+        let elected = if fences == 0 {
+            hot.is_multiple_of(every).then_some(hot / every)
+        } else {
+            (self.next_fence.saturating_sub(fences)..self.next_fence)
+                .find(|f| f.is_multiple_of(every))
+                .map(|f| f / every)
+        };
+        elected.or_else(|| {
+            (hot > config.hot_limit() as u64).then_some(self.next_fence.wrapping_add(hot))
+        })
+    }
+
+    /// The compaction due on this pool at `now_ms`, if any, for the writer
+    /// of turn `turn` ([`Pool::compaction_turn`]): one segment's hot entries
+    /// that may leave the pool item (free ones, expired ones, and live ones
+    /// older than `cold_after_ms`), but not the free or expired ones the
+    /// queue's waiters are handed next (the lowest, one a waiter), which
+    /// would be written again at once. The segment is the one with the most
+    /// such entries, or by turns one of the next fullest (up to three, with
+    /// at least half as many): writers elected one after another may
+    /// compact at the same time, and two writing one segment cannot both
+    /// land.
+    pub fn plan_compaction(
+        &self,
+        config: Compaction,
+        now_ms: u64,
+        turn: u64,
+    ) -> Option<CompactionPlan> {
         let Layout::Split(split) = &self.layout else {
             return None;
         };
         if split.hot.len() <= config.hot_max {
             return None;
         }
-        let movable = |position: u16| match self.slots.get(usize::from(position)) {
+        let open = |slot: Option<&Slot>| match slot {
             None | Some(Slot::Free) => true,
             Some(Slot::Held { holder, stamp }) => {
-                let expires = stamp.granted_ms.saturating_add(holder.ttl_ms);
-                expires <= now_ms || stamp.granted_ms.saturating_add(config.cold_after_ms) <= now_ms
+                stamp.granted_ms.saturating_add(holder.ttl_ms) <= now_ms
             }
+        };
+        let handed_next: BTreeSet<usize> = (0..self.slots.len())
+            .filter(|&p| open(self.slots.get(p)))
+            .take(self.queue.len())
+            .collect();
+        let movable = |position: u16| {
+            let slot = self.slots.get(usize::from(position));
+            !handed_next.contains(&usize::from(position))
+                && (open(slot)
+                    || matches!(slot, Some(Slot::Held { stamp, .. })
+                        if stamp.granted_ms.saturating_add(config.cold_after_ms) <= now_ms))
         };
         let mut by_segment: BTreeMap<u16, Vec<u16>> = BTreeMap::new();
         for &position in split.hot.iter().filter(|&&p| movable(p)) {
@@ -349,11 +425,16 @@ impl Pool {
                 .or_default()
                 .push(position);
         }
-        // The most entries; of equals, the lowest segment.
-        let (segment, moved) = by_segment
-            .into_iter()
-            .rev()
-            .max_by_key(|(_, positions)| positions.len())?;
+        // The most entries first; of equals, the lowest segment.
+        let mut ranked: Vec<(u16, Vec<u16>)> = by_segment.into_iter().collect();
+        ranked.sort_by_key(|(segment, positions)| (Reverse(positions.len()), *segment));
+        let fullest = ranked.first()?.1.len();
+        let spread = ranked
+            .iter()
+            .take(COMPACTION_SPREAD)
+            .filter(|(_, positions)| positions.len() * 2 >= fullest)
+            .count();
+        let (segment, moved) = ranked.swap_remove((turn % spread as u64) as usize);
         let from = usize::from(segment) * usize::from(SEGMENT_SLOTS);
         let slots: Vec<Slot> = (from..from + usize::from(SEGMENT_SLOTS))
             .map(|p| self.slots.get(p).copied().unwrap_or(Slot::Free))

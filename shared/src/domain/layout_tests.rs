@@ -68,6 +68,55 @@ fn a_write_on_a_cold_slot_conditions_on_its_segment_version() {
     assert!(after.apply(&lowered).is_err());
 }
 
+/// Writers landing together each find compaction due; one in `every`
+/// compacts, told apart by the fences their writes took (or, for a write
+/// that granted nothing, by the hot entries it left), and past the limit
+/// every one does.
+#[test]
+fn of_the_writes_that_find_compaction_due_one_in_every_compacts() {
+    let config = Compaction {
+        every: 2,
+        ..Compaction::DEFAULT
+    };
+    let mut pool = held_pool(200, &(0..16).collect::<Vec<u8>>(), NOW);
+    assert_eq!(pool.next_fence(), 17);
+    // At the bound: nobody.
+    assert!(pool.compaction_turn(config, 1).is_none());
+    let mut elected = Vec::new();
+    for n in 16..26u8 {
+        borrow(&mut pool, n, 60_000, NOW);
+        if let Some(turn) = pool.compaction_turn(config, 1) {
+            elected.push((pool.next_fence() - 1, turn));
+        }
+    }
+    let by_fence = [(18, 9), (20, 10), (22, 11), (24, 12), (26, 13)];
+    assert_eq!(elected, by_fence, "by the fence each took");
+    // A write of two fences takes an even one.
+    assert!(pool.compaction_turn(config, 2).is_some());
+    // A write that granted nothing: by the hot entries it left.
+    assert_eq!(split(&pool).hot().len(), 26);
+    assert!(pool.compaction_turn(config, 0).is_some());
+    borrow(&mut pool, 26, 60_000, NOW);
+    assert!(pool.compaction_turn(config, 0).is_none());
+    // With `every` 1, every write.
+    let always = Compaction { every: 1, ..config };
+    assert!(pool.compaction_turn(always, 0).is_some() && pool.compaction_turn(always, 1).is_some());
+    // Past the limit every write, whatever its fence.
+    for n in 27..=config.hot_limit() as u8 {
+        borrow(&mut pool, n, 60_000, NOW);
+    }
+    assert_eq!(split(&pool).hot().len(), config.hot_limit() + 1);
+    assert_eq!(pool.next_fence() % 2, 0, "the last fence taken is odd");
+    assert!(pool.compaction_turn(config, 1).is_some());
+    assert!(pool.compaction_turn(config, 0).is_some());
+    // A flat pool never compacts.
+    let mut flat = Pool::new(FLAT_MAX, 0);
+    for n in 0..FLAT_MAX as u8 {
+        borrow(&mut flat, n, 60_000, NOW);
+    }
+    assert!(flat.compaction_turn(always, 1).is_none());
+}
+
 #[test]
 fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
     // Holders on positions 0..3 granted long ago, 3..70 just now:
@@ -81,8 +130,11 @@ fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
         split_above: FLAT_MAX,
         hot_max: 4,
         cold_after_ms: 4_000,
+        every: 1,
     };
-    let plan = pool.plan_compaction(config, NOW).expect("compaction due");
+    let plan = pool
+        .plan_compaction(config, NOW, 0)
+        .expect("compaction due");
     assert_eq!(plan.segment, 0);
     let moved: Vec<u16> = plan
         .update
@@ -106,12 +158,58 @@ fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
         hot_max: 1_000,
         ..config
     };
-    assert_eq!(pool.plan_compaction(relaxed, NOW), None);
+    assert_eq!(pool.plan_compaction(relaxed, NOW, 0), None);
     // Once they have aged, segment 1's leave too (the fullest first).
     let later = after
-        .plan_compaction(config, NOW + 4_000)
+        .plan_compaction(config, NOW + 4_000, 0)
         .expect("compaction due");
     assert_eq!(later.segment, 0, "61 old entries of segment 0 first");
+}
+
+/// The positions a compaction moves.
+fn cooled(plan: &CompactionPlan) -> Vec<u16> {
+    plan.update
+        .changes
+        .iter()
+        .filter_map(|c| match c {
+            Change::Cool(p) => Some(*p),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Writers elected one after another take turns at the fullest segments
+/// (two writing one segment cannot both land), and leave hot the
+/// free slots the queue's waiters are handed next.
+#[test]
+fn elected_compactions_take_turns_and_leave_the_waiters_next_slots() {
+    // Old grants on 0..140 (the pool full): segments 0 and 1 with 64
+    // each, 2 with 12. Those on 3 and 5 run out at NOW - 2 s.
+    let mut pool = Pool::new(140, 0);
+    for n in 0..140u8 {
+        let ttl = if n == 3 || n == 5 { 8_000 } else { 60_000 };
+        borrow(&mut pool, n, ttl, NOW - 10_000);
+    }
+    let config = Compaction {
+        hot_max: 4,
+        every: 1,
+        ..Compaction::DEFAULT
+    };
+    let segments: Vec<u16> = (0..4)
+        .map(|turn| pool.plan_compaction(config, NOW, turn).unwrap().segment)
+        .collect();
+    // Segment 2 has fewer than half the fullest's: not worth its write.
+    assert_eq!(segments, [0, 1, 0, 1]);
+    // One waiter in line since before 3 and 5 ran out: the lowest of them
+    // is its next, and stays; the other leaves with the rest.
+    join(&mut pool, 200, 60_000, NOW + 5_000, NOW - 5_000);
+    assert_eq!(pool.queue().len(), 1);
+    // Segment 0 has 63 entries that may leave now, second to segment 1.
+    let plan = pool.plan_compaction(config, NOW, 1).unwrap();
+    assert_eq!(plan.segment, 0);
+    let moved = cooled(&plan);
+    assert!(!moved.contains(&3) && moved.contains(&5), "{moved:?}");
+    assert_eq!(moved.len(), 63);
 }
 
 /// A compaction that wrote its segment but not the pool item leaves the
@@ -131,8 +229,9 @@ fn a_segment_ahead_of_the_pool_item_is_caught_up_before_it_is_written_again() {
         split_above: FLAT_MAX,
         hot_max: 0,
         cold_after_ms: 4_000,
+        every: 1,
     };
-    let plan = ahead.plan_compaction(config, NOW).unwrap();
+    let plan = ahead.plan_compaction(config, NOW, 0).unwrap();
     assert!(plan.slots.is_empty(), "no segment write");
     assert_eq!(
         plan.update.changes,
@@ -147,7 +246,7 @@ fn a_segment_ahead_of_the_pool_item_is_caught_up_before_it_is_written_again() {
         split(&ahead).hot(),
         "nothing cooled"
     );
-    let next = caught_up.plan_compaction(config, NOW).unwrap();
+    let next = caught_up.plan_compaction(config, NOW, 0).unwrap();
     assert_eq!((next.stored, next.version), (1, 2));
 }
 

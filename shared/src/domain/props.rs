@@ -33,8 +33,11 @@ enum Op {
     Advance {
         ms: u64,
     },
-    /// A compaction is planned on the pool as read (split pools).
-    Compact,
+    /// A compaction is planned on the pool as read (split pools), for
+    /// the `turn`-th elected writer.
+    Compact {
+        turn: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -46,7 +49,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u16..5).prop_map(|count| Op::Resize { count }),
         8 => any::<usize>().prop_map(|which| Op::Land { which }),
         3 => (0u64..60).prop_map(|ms| Op::Advance { ms }),
-        2 => Just(Op::Compact),
+        2 => (0u64..6).prop_map(|turn| Op::Compact { turn }),
     ]
 }
 
@@ -195,6 +198,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
         split_above: 0,
         hot_max: 0,
         cold_after_ms: 100,
+        every: 1,
     };
     let mut segments = Segments::new();
     let mut in_flight: Vec<InFlight> = Vec::new();
@@ -265,7 +269,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                     in_flight.push(plan(&pool, update));
                 }
             }
-            Op::Compact => {
+            Op::Compact { turn } => {
                 // As a store reads it: the segment items' own versions.
                 let mut read = pool.clone();
                 if let Layout::Split(split) = &pool.layout {
@@ -276,7 +280,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                         stored,
                     ))));
                 }
-                if let Some(compaction) = read.plan_compaction(compaction, now) {
+                if let Some(compaction) = read.plan_compaction(compaction, now, turn) {
                     in_flight.push(InFlight::Segment(compaction));
                 }
             }

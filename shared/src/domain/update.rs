@@ -156,6 +156,15 @@ impl Update {
             .retain(|e| !matches!(*e, Expect::EndedIs(ended) if set(ended.place())));
     }
 
+    /// How many fences this update takes: one per slot it grants (a
+    /// `Take`, or a `HandOff`, even one that finds nobody in line).
+    pub fn fences(&self) -> u64 {
+        self.changes
+            .iter()
+            .filter(|c| matches!(c, Change::Take { .. } | Change::HandOff { .. }))
+            .count() as u64
+    }
+
     /// Whether this update removes the slot at `position`.
     pub(super) fn truncates(&self, position: u16) -> bool {
         self.changes

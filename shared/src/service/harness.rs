@@ -181,7 +181,9 @@ impl Harness<'_> {
             (result, _) => result,
         };
         let result = match result {
-            Ok(Updated::Written(record)) => Ok(Updated::Written(self.compact(key, record).await)),
+            Ok(Updated::Written(record)) => Ok(Updated::Written(
+                self.compact(key, record, update.fences()).await,
+            )),
             result => result,
         };
         match &result {
@@ -240,10 +242,14 @@ impl Harness<'_> {
         })
     }
 
-    /// Runs the compaction (or the split) `record`'s pool has due, if any: the record
-    /// after it, or as it was when it did not land (another write got
-    /// there first; it is due again on a later write).
-    async fn compact(&mut self, key: &PoolKey, record: Record) -> Record {
+    /// Runs the compaction (or the split) `record`'s pool has due, if any,
+    /// when the write that left it (taking `fences` fences) is the one to
+    /// ([`Pool::compaction_turn`]): the record after it, or as it was when
+    /// it did not land (another write got there first; it is due again on
+    /// a later write).
+    ///
+    /// [`Pool::compaction_turn`]: crate::domain::Pool::compaction_turn
+    async fn compact(&mut self, key: &PoolKey, record: Record, fences: u64) -> Record {
         // A flat pool of a large count (stored before the split layout, or
         // resized past it) is split first: one write of the pool item.
         if let Some(split) = record.pool.plan_split(self.timing.compaction) {
@@ -252,9 +258,11 @@ impl Harness<'_> {
                 _ => record,
             };
         }
+        let config = self.timing.compaction;
         let Some(plan) = record
             .pool
-            .plan_compaction(self.timing.compaction, now_ms())
+            .compaction_turn(config, fences)
+            .and_then(|turn| record.pool.plan_compaction(config, now_ms(), turn))
         else {
             return record;
         };

@@ -41,7 +41,7 @@ fn split_items_round_trip_with_their_cold_slots() {
         hot_max: 0,
         ..Compaction::DEFAULT
     };
-    let plan = after.plan_compaction(config, NOW + 10_000).unwrap();
+    let plan = after.plan_compaction(config, NOW + 10_000, 0).unwrap();
     assert_eq!(plan.segment, 1);
     let after = after.apply(&plan.update).unwrap();
     let record = Record {

@@ -153,7 +153,7 @@ fn every_split_write() -> Vec<(&'static str, Update)> {
         ..Compaction::DEFAULT
     };
     let later = now + 5_000;
-    let plan = pool.plan_compaction(config, later).unwrap();
+    let plan = pool.plan_compaction(config, later, 0).unwrap();
     writes.push(("split: compaction", plan.update.clone()));
     pool = pool.apply(&plan.update).unwrap();
     let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 10_000).digest, later) else {
