@@ -63,12 +63,7 @@ impl Compaction {
     /// Past this many hot entries every write compacts, elected or not: an
     /// elected compaction that lost is not tried again until the next one.
     pub fn hot_limit(&self) -> usize {
-        self.hot_max.saturating_mul(
-            std::env::var("HL")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(3),
-        )
+        self.hot_max.saturating_mul(3)
     }
 }
 
