@@ -1,7 +1,7 @@
 //! A return: free the lease (handing on), cancel a waiting ticket, or
 //! remember the id as given up.
 
-use super::{Change, Expect, GivenUp, Lease, LeaseDigest, Pool, Slot, Update};
+use super::{Change, Expect, GiveUp, GivenUp, Lease, LeaseDigest, Pool, Slot, Update};
 
 /// How long the id of a lease given up before its borrow was seen is
 /// remembered: a borrow with that id arriving later is refused, so a cancel
@@ -33,6 +33,15 @@ pub enum ReturnPlan {
 }
 
 impl Pool {
+    /// Whether the first live ticket's borrower waits in its own request,
+    /// reading the pool (an async ticket's does not).
+    fn head_reads(&self, now_ms: u64) -> bool {
+        self.queue
+            .iter()
+            .find(|t| t.is_live(now_ms))
+            .is_some_and(|t| matches!(t.give_up, GiveUp::Seconds(_)))
+    }
+
     /// What a return of the lease id with `digest` does at `now_ms`.
     pub fn plan_return(&self, digest: LeaseDigest, now_ms: u64) -> ReturnPlan {
         if let Some(lease) = self.live_lease(digest, now_ms) {
@@ -93,8 +102,13 @@ impl Pool {
     }
 
     /// Frees the live `lease`, conditioned only on that lease: with live
-    /// tickets waiting and a slot to spare, the lowest free position (its own
-    /// or one below it) goes to the head of the queue in the same write.
+    /// tickets waiting and a slot to spare, its own goes to the head of the
+    /// queue in the same write when it is the lowest free position. When a
+    /// lower one is free, a waiting borrower at the head hands that one on
+    /// itself (with any others free, in one write), and the return only
+    /// frees its own: a return that moved the lower slot would race that
+    /// waiter, and every other return, for it. An async ticket at the head
+    /// reads nothing, so the return hands it the lower slot.
     pub(super) fn give_back(&self, lease: &Lease, now_ms: u64) -> Update {
         let position = lease.position;
         let mut after = self.clone();
@@ -103,6 +117,7 @@ impl Pool {
         update.expect.push(self.slot_as_read(position));
         let target = after.free_positions(now_ms).first().copied();
         let handed = match target {
+            Some(target) if target != position && self.head_reads(now_ms) => None,
             Some(target) => after.hand_off(target, now_ms),
             None => None,
         };
@@ -148,7 +163,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::super::test_support::*;
-    use super::super::{BorrowPlan, WaitPlan};
+    use super::super::{BorrowPlan, Ticket, WaitPlan};
     use super::*;
 
     #[test]
@@ -205,18 +220,63 @@ mod tests {
         assert!(fences[0] < fences[1], "fences rise in grant order");
     }
 
-    #[test]
-    fn a_return_hands_a_lower_free_slot_and_frees_its_own() {
+    /// Position 0 expired at 50 but nobody saw it yet; position 2 returns
+    /// at 60 while ticket 4 waits: `async_head` makes that ticket an async
+    /// one (it reads nothing). The pool after the return.
+    fn return_above_a_lower_free_slot(async_head: bool) -> (Update, Pool) {
         let mut pool = Pool::new(3, 0);
         borrow(&mut pool, 1, 50, 0);
         borrow(&mut pool, 2, 1000, 0);
         borrow(&mut pool, 3, 1000, 0);
-        join(&mut pool, 4, 500, 10_000, 1);
-        // Position 0 expired at 50 but nobody saw it yet; position 2 returns.
+        if async_head {
+            let ticket = Ticket {
+                holder: h(4, 500),
+                give_up: GiveUp::Exact(10_000),
+            };
+            let append = Update {
+                expect: Vec::new(),
+                changes: vec![Change::Append(ticket)],
+            };
+            pool = pool.apply(&append).unwrap();
+        } else {
+            join(&mut pool, 4, 500, 10_000, 1);
+        }
         let ReturnPlan::Return(_, update) = pool.plan_return(d(3), 60) else {
             panic!()
         };
-        pool = pool.apply(&update).unwrap();
+        let after = pool.apply(&update).unwrap();
+        (update, after)
+    }
+
+    #[test]
+    fn a_return_above_a_lower_free_slot_frees_its_own_and_the_waiting_head_hands_on() {
+        let (update, mut pool) = return_above_a_lower_free_slot(false);
+        // Conditioned on its own lease only: the lower slot is the head's to
+        // hand on, so the return never races it (nor other returns) for it.
+        assert_eq!(update.expect.len(), 1, "{update:?}");
+        assert!(matches!(
+            update.expect[0],
+            Expect::SlotStamp { position: 2, .. }
+        ));
+        assert_eq!(update.changes, vec![Change::Free(2)]);
+        assert_eq!(holder_at(&pool, 2), None);
+        // The head reads: it hands itself the lowest free slot.
+        let WaitPlan::Waiting {
+            ahead: 0,
+            duty: Some(duty),
+            ..
+        } = pool.plan_wait(&h(4, 500), 1, 61)
+        else {
+            panic!("{:?}", pool.plan_wait(&h(4, 500), 1, 61))
+        };
+        pool = pool.apply(&duty).unwrap();
+        assert_eq!(holder_at(&pool, 0), Some(d(4)), "the head gets the lowest");
+        assert_eq!(holder_at(&pool, 2), None);
+    }
+
+    #[test]
+    fn a_return_hands_a_lower_free_slot_to_an_async_head_and_frees_its_own() {
+        let (_, pool) = return_above_a_lower_free_slot(true);
         assert_eq!(holder_at(&pool, 0), Some(d(4)), "the head gets the lowest");
         assert_eq!(holder_at(&pool, 2), None);
     }

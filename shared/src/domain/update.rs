@@ -20,6 +20,10 @@ pub enum Expect {
     QueueBelow(usize),
     /// This ticket is at this index of the queue.
     TicketAt { index: usize, holder: Holder },
+    /// Whatever ticket is at this index of the queue (if any) is live at
+    /// `now_ms`: a write that hands a slot to whoever is there when it
+    /// lands never grants one to a ticket whose borrower has given up.
+    TicketLiveAt { index: usize, now_ms: u64 },
     /// No ticket in the queue is exactly this.
     NotQueued(Holder),
     /// No slot holds exactly this.
@@ -237,6 +241,9 @@ impl Pool {
             Expect::QueueBelow(len) => self.queue.len() < len,
             Expect::TicketAt { index, holder } => {
                 self.queue.get(index).is_some_and(|t| t.holder == holder)
+            }
+            Expect::TicketLiveAt { index, now_ms } => {
+                self.queue.get(index).is_none_or(|t| t.is_live(now_ms))
             }
             Expect::NotQueued(holder) => self.queue.iter().all(|t| t.holder != holder),
             Expect::NotHeld(holder) => self

@@ -107,10 +107,13 @@ impl Pool {
     /// An update that hands the `free` slots (lowest first) to as many live
     /// tickets (in queue order), at most [`MAX_HAND_OFFS`] at once. One slot
     /// goes to the head as the write finds it ([`Pool::hand_off`]); several
-    /// go in one write that expects every ticket up to the last one served
-    /// as read, so that each lands where it was meant to (a write handing
-    /// them one by one would grant a higher position while a lower one is
-    /// still free).
+    /// go in one write (handing them one by one would grant a higher
+    /// position while a lower one is still free). When the first tickets are
+    /// all live, the `i`-th slot goes to whoever is `i`-th in line when the
+    /// write lands, as a return's hand-off does, so a return that serves the
+    /// head meanwhile does not make it fail: it expects only that no ticket
+    /// it serves has died. Otherwise it expects every ticket up to the last
+    /// one served as read (the dead ones leave with it).
     fn hand_off_owed(&self, free: &[u16], now_ms: u64) -> Option<Update> {
         let (Some(first), dead) = self.head(now_ms)? else {
             return None;
@@ -125,7 +128,13 @@ impl Pool {
         }
         let last = served[served.len() - 1];
         let mut update = Update::default();
-        update.expect.extend(self.tickets_as_read(last + 1));
+        if last + 1 == served.len() {
+            update
+                .expect
+                .extend((0..=last).map(|index| Expect::TicketLiveAt { index, now_ms }));
+        } else {
+            update.expect.extend(self.tickets_as_read(last + 1));
+        }
         update.expect.push(Expect::Count(self.sizing()));
         for (nth, (&position, &from)) in free.iter().zip(&served).enumerate() {
             self.reuse(position, now_ms, &mut update);
@@ -253,6 +262,87 @@ mod tests {
             .collect();
         assert_eq!(fences, [fence, fence + 1]);
         assert_eq!(pool.queue().len(), 1);
+    }
+
+    #[test]
+    fn several_slots_go_to_whoever_is_in_line_when_the_write_lands() {
+        let mut pool = Pool::new(2, 0);
+        borrow(&mut pool, 1, 1000, 0);
+        borrow(&mut pool, 2, 1000, 0);
+        for n in 3..=5 {
+            join(&mut pool, n, 500, 10_000, 0);
+        }
+        pool = pool.apply(&pool.plan_resize(4, 1).unwrap()).unwrap();
+        // The head reads two slots free (2 and 3) and plans to serve 3 and 4.
+        let WaitPlan::Waiting {
+            ahead: 0,
+            duty: Some(duty),
+            ..
+        } = pool.plan_wait(&h(3, 500), 0, 2)
+        else {
+            panic!()
+        };
+        assert!(
+            !duty
+                .expect
+                .iter()
+                .any(|e| matches!(e, Expect::TicketAt { .. })),
+            "it names no ticket: {duty:?}"
+        );
+        // Meanwhile a return hands its own slot (the lowest free) to the head.
+        let ReturnPlan::Return(_, back) = pool.plan_return(d(1), 3) else {
+            panic!()
+        };
+        pool = pool.apply(&back).unwrap();
+        assert_eq!(holder_at(&pool, 0), Some(d(3)));
+        // The waiter's write still lands: the next two in line, in order.
+        let fence = pool.next_fence;
+        pool = pool.apply(&duty).expect("a return does not make it fail");
+        assert_eq!(
+            (holder_at(&pool, 2), holder_at(&pool, 3)),
+            (Some(d(4)), Some(d(5)))
+        );
+        let fences: Vec<u64> = pool.leases()[2..]
+            .iter()
+            .map(|l| l.fence - pool.base_us)
+            .collect();
+        assert_eq!(fences, [fence, fence + 1], "rising in queue order");
+        assert!(pool.queue().is_empty());
+    }
+
+    #[test]
+    fn several_slots_are_never_handed_to_a_ticket_that_died_since_the_read() {
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 100_000, 0);
+        join(&mut pool, 2, 500, 60_000, 0);
+        join(&mut pool, 3, 500, 60_000, 0);
+        // Gives up at 2 s, dead from 3 s: live at the read, third in line.
+        join(&mut pool, 4, 500, 2_000, 0);
+        pool = pool.apply(&pool.plan_resize(3, 1).unwrap()).unwrap();
+        let WaitPlan::Waiting {
+            duty: Some(duty), ..
+        } = pool.plan_wait(&h(2, 500), 0, 2_999)
+        else {
+            panic!()
+        };
+        // Ticket 2 cancels meanwhile: ticket 4 would be second in line.
+        pool = pool.apply(&pool.plan_cancel(&h(2, 500)).unwrap()).unwrap();
+        assert!(pool.apply(&duty).is_ok(), "live when planned, at 2,999 ms");
+        let late = Update {
+            expect: duty
+                .expect
+                .iter()
+                .map(|e| match *e {
+                    Expect::TicketLiveAt { index, .. } => Expect::TicketLiveAt {
+                        index,
+                        now_ms: 3_000,
+                    },
+                    other => other,
+                })
+                .collect(),
+            changes: duty.changes.clone(),
+        };
+        assert!(pool.apply(&late).is_err(), "dead at 3,000 ms: {late:?}");
     }
 
     #[test]

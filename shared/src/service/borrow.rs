@@ -347,10 +347,11 @@ impl Borrower<'_> {
         let mut pace = Pace::default();
         let mut forecast = Forecast::default();
         // The first in line hands free slots on at once; another waiter owed
-        // one does only when its next read finds them still free, or its
-        // wait ends (waiters that read the same state plan the same write,
-        // and all but one lose it). Whether its last read found it owed one:
-        let mut owed_before = false;
+        // one does only when its reads have found it owed one for two head
+        // polls (the head is gone, or reads nothing), or its wait ends:
+        // waiters that read the same state plan the same write, and all but
+        // one lose it. Since when its reads have found it owed one:
+        let mut owed_since: Option<Instant> = None;
         loop {
             if record.incarnation != incarnation {
                 return Err(Error::PoolNotFound);
@@ -370,8 +371,11 @@ impl Borrower<'_> {
                     duty: Some(update),
                     ahead,
                     ..
-                } if ahead == 0 || owed_before || ending => {
-                    owed_before = false;
+                } if ahead == 0
+                    || ending
+                    || owed_since.is_some_and(|t| t.elapsed() >= ctx.timing.poll * 2) =>
+                {
+                    owed_since = None;
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
                     continue;
                 }
@@ -380,11 +384,11 @@ impl Borrower<'_> {
                     ahead,
                     ..
                 } => {
-                    owed_before = true;
+                    owed_since.get_or_insert_with(Instant::now);
                     (ahead, 0)
                 }
                 WaitPlan::Waiting { ahead, needed, .. } => {
-                    owed_before = false;
+                    owed_since = None;
                     if needed == 0 {
                         // A free slot, but dead tickets block the hand-off.
                         if let Some(update) = record.pool.plan_prune(now) {

@@ -207,10 +207,17 @@ fn write_kind(update: &Update) -> &'static str {
     if has(|c| matches!(c, Change::Take { .. })) {
         "take (newcomer)"
     } else if has(|c| matches!(c, Change::HandOff { .. })) {
-        if in_return {
-            "return, handing off"
-        } else {
-            "hand-off (waiter)"
+        let several = update
+            .changes
+            .iter()
+            .filter(|c| matches!(c, Change::HandOff { .. }))
+            .count()
+            > 1;
+        match (in_return, several) {
+            (true, false) => "return, handing off",
+            (true, true) => "return, handing off several",
+            (false, false) => "hand-off (waiter)",
+            (false, true) => "hand-off (waiter), several",
         }
     } else if has(|c| matches!(c, Change::Append(_))) {
         "join queue"
@@ -245,6 +252,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::QueueLen(_) => "lost: QueueLen",
         Expect::QueueBelow(_) => "lost: QueueBelow",
         Expect::TicketAt { .. } => "lost: TicketAt",
+        Expect::TicketLiveAt { .. } => "lost: TicketLiveAt",
         Expect::NotQueued(_) => "lost: NotQueued",
         Expect::NotHeld(_) => "lost: NotHeld",
         Expect::NotGivenUp(_) => "lost: NotGivenUp",

@@ -13,7 +13,7 @@ use super::schema::pool_item::{
     ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS, INCARNATION,
     LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
-use crate::domain::{Change, Expect, Holder, LeaseDigest, Pool, Update};
+use crate::domain::{Change, Expect, Holder, LeaseDigest, Pool, Update, TICKET_GRACE_MS};
 use crate::store::Record;
 
 /// One update as DynamoDB expressions (for a pool item, made by [`Expression::of`]). Top-level attribute names are single
@@ -73,6 +73,16 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
         Expect::QueueBelow(len) => format!("size({QUEUE}) < {}", e.value(number(len))),
         Expect::TicketAt { index, holder } => {
             format!("{QUEUE}[{index}] = {}", e.holder(holder))
+        }
+        Expect::TicketLiveAt { index, now_ms } => {
+            // `w` holds a sync borrower's give-up in Unix seconds (dead a
+            // grace later) and an async ticket's in ms, negated (dead then).
+            let seconds = now_ms.saturating_sub(TICKET_GRACE_MS) / 1000 + 1;
+            let seconds = e.value(number(seconds));
+            let exact = e.value(AttributeValue::N(format!("-{now_ms}")));
+            format!(
+                "(attribute_not_exists({GIVE_UP}[{index}]) OR {GIVE_UP}[{index}] >= {seconds} OR {GIVE_UP}[{index}] < {exact})"
+            )
         }
         Expect::NotQueued(holder) => format!("NOT contains({QUEUE}, {})", e.holder(holder)),
         // A split item's hot slots are a map, which no condition searches

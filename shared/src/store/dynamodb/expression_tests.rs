@@ -284,9 +284,10 @@ fn a_write_names_each_place_of_the_ring_once() {
             held(1, 1_000, 18, now - 3_000, true),
             held(2, 60_000, 35, now - 1_000, false),
         ],
+        // An async ticket: a return hands it the lower (expired) slot.
         vec![Ticket {
             holder: holder(4, 1_000),
-            give_up: GiveUp::Seconds(now / 1000 + 20),
+            give_up: GiveUp::Exact(now + 20_000),
         }],
         Vec::new(),
         vec![stale],
