@@ -347,13 +347,15 @@ impl Pool {
     /// entries, and every writer would see it due; one in `every` is
     /// elected without a word between them. Writes land one at a time, so
     /// the fences a write took are its own (the last `fences` below the
-    /// counter it left), and so is the hot entry a write that granted
-    /// nothing added: the writer that took a fence that is a multiple of
-    /// `every`, or left the hot entries a multiple of `every`, compacts.
-    /// Past [`Compaction::hot_limit`] every writer does.
+    /// counter it left): the writer that took a fence that is a multiple of
+    /// `every` compacts. A write that granted nothing (a join, a free, a
+    /// prune) has no fence of its own, and the hot entries it left would
+    /// not tell a run of them apart (a free of a hot slot leaves their
+    /// number as it was): it is elected by its writer's random `draw`, one
+    /// in `every`. Past [`Compaction::hot_limit`] every writer compacts.
     ///
     /// [`Update::fences`]: super::Update::fences
-    pub fn compaction_turn(&self, config: Compaction, fences: u64) -> Option<u64> {
+    pub fn compaction_turn(&self, config: Compaction, fences: u64, draw: u64) -> Option<u64> {
         let Layout::Split(split) = &self.layout else {
             return None;
         };
@@ -363,7 +365,7 @@ impl Pool {
             return None;
         }
         let elected = if fences == 0 {
-            hot.is_multiple_of(every).then_some(hot / every)
+            draw.is_multiple_of(every).then_some(draw / every)
         } else {
             (self.next_fence.saturating_sub(fences)..self.next_fence)
                 .find(|f| f.is_multiple_of(every))
@@ -402,13 +404,15 @@ impl Pool {
                 stamp.granted_ms.saturating_add(holder.ttl_ms) <= now_ms
             }
         };
-        let handed_next: BTreeSet<usize> = (0..self.slots.len())
-            .filter(|&p| open(self.slots.get(p)))
-            .take(self.queue.len())
+        // The slots the live tickets are handed next.
+        let handed_next: BTreeSet<u16> = self
+            .free_positions(now_ms)
+            .into_iter()
+            .take(self.waiting(now_ms))
             .collect();
         let movable = |position: u16| {
             let slot = self.slots.get(usize::from(position));
-            !handed_next.contains(&usize::from(position))
+            !handed_next.contains(&position)
                 && (open(slot)
                     || matches!(slot, Some(Slot::Held { stamp, .. })
                         if stamp.granted_ms.saturating_add(config.cold_after_ms) <= now_ms))

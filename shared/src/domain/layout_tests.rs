@@ -70,7 +70,7 @@ fn a_write_on_a_cold_slot_conditions_on_its_segment_version() {
 
 /// Writers landing together each find compaction due; one in `every`
 /// compacts, told apart by the fences their writes took (or, for a write
-/// that granted nothing, by the hot entries it left), and past the limit
+/// that granted nothing, by its writer's random draw), and past the limit
 /// every one does.
 #[test]
 fn of_the_writes_that_find_compaction_due_one_in_every_compacts() {
@@ -81,40 +81,46 @@ fn of_the_writes_that_find_compaction_due_one_in_every_compacts() {
     let mut pool = held_pool(200, &(0..16).collect::<Vec<u8>>(), NOW);
     assert_eq!(pool.next_fence(), 17);
     // At the bound: nobody.
-    assert!(pool.compaction_turn(config, 1).is_none());
+    assert!(pool.compaction_turn(config, 1, 0).is_none());
     let mut elected = Vec::new();
     for n in 16..26u8 {
         borrow(&mut pool, n, 60_000, NOW);
-        if let Some(turn) = pool.compaction_turn(config, 1) {
+        if let Some(turn) = pool.compaction_turn(config, 1, 1) {
             elected.push((pool.next_fence() - 1, turn));
         }
     }
     let by_fence = [(18, 9), (20, 10), (22, 11), (24, 12), (26, 13)];
     assert_eq!(elected, by_fence, "by the fence each took");
     // A write of two fences takes an even one.
-    assert!(pool.compaction_turn(config, 2).is_some());
-    // A write that granted nothing: by the hot entries it left.
+    assert!(pool.compaction_turn(config, 2, 1).is_some());
+    // A write that granted nothing: by its writer's draw, whatever the
+    // hot entries it left.
     assert_eq!(split(&pool).hot().len(), 26);
-    assert!(pool.compaction_turn(config, 0).is_some());
+    assert_eq!(pool.compaction_turn(config, 0, 8), Some(4));
+    assert!(pool.compaction_turn(config, 0, 7).is_none());
     borrow(&mut pool, 26, 60_000, NOW);
-    assert!(pool.compaction_turn(config, 0).is_none());
+    assert_eq!(pool.compaction_turn(config, 0, 8), Some(4));
+    assert!(pool.compaction_turn(config, 0, 7).is_none());
     // With `every` 1, every write.
     let always = Compaction { every: 1, ..config };
-    assert!(pool.compaction_turn(always, 0).is_some() && pool.compaction_turn(always, 1).is_some());
+    assert!(
+        pool.compaction_turn(always, 0, 7).is_some()
+            && pool.compaction_turn(always, 1, 7).is_some()
+    );
     // Past the limit every write, whatever its fence.
     for n in 27..=config.hot_limit() as u8 {
         borrow(&mut pool, n, 60_000, NOW);
     }
     assert_eq!(split(&pool).hot().len(), config.hot_limit() + 1);
     assert_eq!(pool.next_fence() % 2, 0, "the last fence taken is odd");
-    assert!(pool.compaction_turn(config, 1).is_some());
-    assert!(pool.compaction_turn(config, 0).is_some());
+    assert!(pool.compaction_turn(config, 1, 7).is_some());
+    assert!(pool.compaction_turn(config, 0, 7).is_some());
     // A flat pool never compacts.
     let mut flat = Pool::new(FLAT_MAX, 0);
     for n in 0..FLAT_MAX as u8 {
         borrow(&mut flat, n, 60_000, NOW);
     }
-    assert!(flat.compaction_turn(always, 1).is_none());
+    assert!(flat.compaction_turn(always, 1, 0).is_none());
 }
 
 #[test]

@@ -34,12 +34,16 @@ pub enum ReturnPlan {
 
 impl Pool {
     /// Whether the first live ticket's borrower waits in its own request,
-    /// reading the pool (an async ticket's does not).
+    /// reading the pool at the head's pace: it joined the queue itself, not
+    /// through async mode's line (an async ticket reads nothing, and a
+    /// borrower admitted from the backlog may still be napping there).
     fn head_reads(&self, now_ms: u64) -> bool {
-        self.queue
-            .iter()
-            .find(|t| t.is_live(now_ms))
-            .is_some_and(|t| matches!(t.give_up, GiveUp::Seconds(_)))
+        !self.line.active
+            && self
+                .queue
+                .iter()
+                .find(|t| t.is_live(now_ms))
+                .is_some_and(|t| matches!(t.give_up, GiveUp::Seconds(_)))
     }
 
     /// What a return of the lease id with `digest` does at `now_ms`.
@@ -107,8 +111,9 @@ impl Pool {
     /// lower one is free, a waiting borrower at the head hands that one on
     /// itself (with any others free, in one write), and the return only
     /// frees its own: a return that moved the lower slot would race that
-    /// waiter, and every other return, for it. An async ticket at the head
-    /// reads nothing, so the return hands it the lower slot.
+    /// waiter, and every other return, for it. While async mode's line is
+    /// in use the head may read nothing (an async ticket) or late, so the
+    /// return hands it the lower slot.
     pub(super) fn give_back(&self, lease: &Lease, now_ms: u64) -> Update {
         let position = lease.position;
         let mut after = self.clone();

@@ -124,7 +124,16 @@ impl Pool {
             .take_while(|&i| i < dead + MAX_PRUNE)
             .collect();
         if served.len() <= 1 {
-            return self.hand_off(*free.first()?, now_ms);
+            // The head as the write finds it must still be live: a return
+            // hands on conditioned on its own lease alone, but this write
+            // comes from a reader, and the ticket it reads first may leave
+            // (a cancel) for a dead one behind it.
+            let mut update = self.hand_off(*free.first()?, now_ms)?;
+            update.expect.push(Expect::TicketLiveAt {
+                index: first,
+                now_ms,
+            });
+            return Some(update);
         }
         let last = served[served.len() - 1];
         let mut update = Update::default();
@@ -311,7 +320,7 @@ mod tests {
     }
 
     #[test]
-    fn several_slots_are_never_handed_to_a_ticket_that_died_since_the_read() {
+    fn several_slots_go_only_to_tickets_live_by_the_planners_clock() {
         let mut pool = Pool::new(1, 0);
         borrow(&mut pool, 1, 100_000, 0);
         join(&mut pool, 2, 500, 60_000, 0);
@@ -343,6 +352,28 @@ mod tests {
             changes: duty.changes.clone(),
         };
         assert!(pool.apply(&late).is_err(), "dead at 3,000 ms: {late:?}");
+    }
+
+    #[test]
+    fn a_waiters_hand_off_never_serves_a_dead_ticket_that_a_cancel_moved_first() {
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 50, 0);
+        join(&mut pool, 2, 500, 60_000, 0);
+        // Gave up at 1 s: dead from 2 s.
+        join(&mut pool, 3, 500, 1_000, 0);
+        // Slot 0 expired; the head reads and plans to hand it on.
+        let WaitPlan::Waiting {
+            ahead: 0,
+            duty: Some(duty),
+            ..
+        } = pool.plan_wait(&h(2, 500), 0, 2_500)
+        else {
+            panic!()
+        };
+        // Another request of its borrower cancels the head's ticket: the
+        // dead ticket is now first in line.
+        pool = pool.apply(&pool.plan_cancel(&h(2, 500)).unwrap()).unwrap();
+        assert!(pool.apply(&duty).is_err(), "{duty:?}");
     }
 
     #[test]

@@ -261,7 +261,11 @@ impl Harness<'_> {
         let config = self.timing.compaction;
         let Some(plan) = record
             .pool
-            .compaction_turn(config, fences)
+            .compaction_turn(
+                config,
+                fences,
+                (semaphore_wire::unit() * f64::from(u32::MAX)) as u64,
+            )
             .and_then(|turn| record.pool.plan_compaction(config, now_ms(), turn))
         else {
             return record;

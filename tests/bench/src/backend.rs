@@ -213,9 +213,9 @@ fn write_kind(update: &Update) -> &'static str {
             .filter(|c| matches!(c, Change::HandOff { .. }))
             .count()
             > 1;
+        // A return hands on one slot at most.
         match (in_return, several) {
-            (true, false) => "return, handing off",
-            (true, true) => "return, handing off several",
+            (true, _) => "return, handing off",
             (false, false) => "hand-off (waiter)",
             (false, true) => "hand-off (waiter), several",
         }

@@ -303,3 +303,47 @@ fn a_write_names_each_place_of_the_ring_once() {
     assert_eq!(after.ended().len(), 1);
     assert_eq!(after.ended()[0].digest, holder(1, 1_000).digest);
 }
+
+/// The condition that the ticket at an index is live, evaluated as
+/// DynamoDB does on the stored give-up (`w[i]`, encoded by the codec),
+/// agrees with the domain's `Ticket::is_live` at every instant around each
+/// kind of give-up's end.
+#[test]
+fn a_live_ticket_condition_agrees_with_the_domain_at_the_boundaries() {
+    use super::super::codec::give_up_value;
+    let n = |v: &AttributeValue| match v {
+        AttributeValue::N(n) => n.parse::<i128>().unwrap(),
+        other => panic!("{other:?}"),
+    };
+    let give_ups = [
+        GiveUp::Seconds(NOW / 1000),
+        GiveUp::Seconds(NOW / 1000 + 1),
+        GiveUp::Exact(NOW + 500),
+        GiveUp::Exact(NOW + 1_000),
+    ];
+    for give_up in give_ups {
+        let ticket = Ticket {
+            holder: holder(1, 1_000),
+            give_up,
+        };
+        let stored = n(&give_up_value(give_up));
+        for now_ms in NOW - 10..NOW + 2_500 {
+            let update = Update {
+                expect: vec![Expect::TicketLiveAt { index: 3, now_ms }],
+                changes: Vec::new(),
+            };
+            let e = Expression::of(7, &update, false);
+            assert_eq!(
+                e.condition,
+                "i = :v0 AND (attribute_not_exists(w[3]) OR w[3] >= :v1 OR w[3] < :v2)"
+            );
+            let holds = stored >= n(&e.values[":v1"]) || stored < n(&e.values[":v2"]);
+            assert_eq!(
+                holds,
+                ticket.is_live(now_ms),
+                "{give_up:?} at {now_ms}: {:?}",
+                e.values
+            );
+        }
+    }
+}
