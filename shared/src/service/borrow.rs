@@ -347,10 +347,9 @@ impl Borrower<'_> {
         let mut pace = Pace::default();
         let mut forecast = Forecast::default();
         // The first in line hands free slots on at once; another waiter owed
-        // one does only when its reads have found it owed one for two head
-        // polls (the head is gone, or reads nothing), or its wait ends:
-        // waiters that read the same state plan the same write, and all but
-        // one lose it. Since when its reads have found it owed one:
+        // one only once owed for two head polls (the head is gone), or as its
+        // wait ends: waiters that read the same state plan the same write,
+        // and all but one lose it. Since when its reads found it owed one:
         let mut owed_since: Option<Instant> = None;
         loop {
             if record.incarnation != incarnation {
@@ -359,6 +358,7 @@ impl Borrower<'_> {
             let now = now_ms();
             // Read once: a waiter owed a slot hands it on before it gives up.
             let ending = Instant::now() >= self.give_up;
+            let head_late = owed_since.is_some_and(|t| t.elapsed() >= ctx.timing.poll * 2);
             if let Some(repair) = record.pool.plan_repair(mine.digest, now) {
                 record = write(ctx, &self.key, &record, &repair, &mut lost).await?;
                 continue;
@@ -371,10 +371,7 @@ impl Borrower<'_> {
                     duty: Some(update),
                     ahead,
                     ..
-                } if ahead == 0
-                    || ending
-                    || owed_since.is_some_and(|t| t.elapsed() >= ctx.timing.poll * 2) =>
-                {
+                } if ahead == 0 || ending || head_late => {
                     owed_since = None;
                     record = write(ctx, &self.key, &record, &update, &mut lost).await?;
                     continue;
