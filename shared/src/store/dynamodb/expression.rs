@@ -44,7 +44,7 @@ impl Expression {
         for change in &update.changes {
             clauses.add(&mut e, change);
         }
-        clauses.finish(e, inc, conditions)
+        clauses.finish(e, inc, conditions, update.fences())
     }
 }
 
@@ -147,7 +147,6 @@ fn segment_version(e: &mut ExpressionBuilder, segment: u16, version: u32) -> Str
 struct Clauses {
     sets: Vec<String>,
     removes: BTreeSet<String>,
-    fences: u128,
     // Appended tickets, in order: one list_append per list.
     appended: Vec<AttributeValue>,
     give_ups: Vec<AttributeValue>,
@@ -227,7 +226,6 @@ impl Clauses {
                 self.sets.push(format!("{slot} = {}", e.holder(holder)));
                 self.sets
                     .push(format!("{stamp} = {FENCE} + {}", e.value(number(now_ms))));
-                self.fences += 1;
             }
             Change::HandOff {
                 position,
@@ -245,7 +243,6 @@ impl Clauses {
                 let handed = e.value(AttributeValue::N(stamp.to_string()));
                 let stamp = e.stamp(position);
                 self.sets.push(format!("{stamp} = {FENCE} + {handed}"));
-                self.fences += 1;
                 for index in 0..=from {
                     self.removes.insert(format!("{QUEUE}[{index}]"));
                     self.removes.insert(format!("{GIVE_UP}[{index}]"));
@@ -311,11 +308,18 @@ impl Clauses {
         }
     }
 
-    fn finish(self, mut e: ExpressionBuilder, inc: String, conditions: Vec<String>) -> Expression {
+    /// The expression, `fences` taken from the counter in the same write
+    /// ([`Update::fences`]).
+    fn finish(
+        self,
+        mut e: ExpressionBuilder,
+        inc: String,
+        conditions: Vec<String>,
+        fences: u64,
+    ) -> Expression {
         let Clauses {
             mut sets,
             removes,
-            fences,
             appended,
             give_ups,
         } = self;
@@ -328,7 +332,9 @@ impl Clauses {
         if fences > 0 {
             sets.push(format!(
                 "{FENCE} = {FENCE} + {}",
-                e.value(AttributeValue::N((fences * STAMP_SCALE).to_string()))
+                e.value(AttributeValue::N(
+                    (u128::from(fences) * STAMP_SCALE).to_string()
+                ))
             ));
         }
         let mut clauses = Vec::new();
