@@ -17,6 +17,7 @@ mod concurrency;
 mod dispatcher;
 mod events;
 mod fair_and_fenced;
+mod giving_up;
 mod idle_pools;
 mod item_growth;
 mod randomized;

@@ -89,19 +89,36 @@ pub(super) async fn write(
     update: &Update,
     lost: &mut u32,
 ) -> Result<Record, Error> {
+    Ok(write_landed(ctx, key, read, update, lost).await?.0)
+}
+
+/// [`write`], and whether the write surely landed (`false`: lost, or its
+/// outcome unknown). The record after a landed write may already show
+/// later writes of others (a compaction after it hands back the item as
+/// the compaction left it).
+pub(super) async fn write_landed(
+    ctx: &mut Harness<'_>,
+    key: &PoolKey,
+    read: &Record,
+    update: &Update,
+    lost: &mut u32,
+) -> Result<(Record, bool), Error> {
     match ctx.write(key, read, update).await {
         Ok(Updated::Written(record)) => {
             *lost = 0;
-            Ok(record)
+            Ok((record, true))
         }
         Ok(Updated::Lost(record)) => {
             if ctx.lost(lost).await? {
-                return ctx.load_existing(key).await;
+                return Ok((ctx.load_existing(key).await?, false));
             }
-            Ok(record)
+            Ok((record, false))
         }
         Ok(Updated::Gone) => Err(Error::PoolNotFound),
-        Err(err) => ctx.reload(key, err).await?.ok_or(Error::PoolNotFound),
+        Err(err) => Ok((
+            ctx.reload(key, err).await?.ok_or(Error::PoolNotFound)?,
+            false,
+        )),
     }
 }
 

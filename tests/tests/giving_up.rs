@@ -1,0 +1,154 @@
+//! A return of a borrow's lease id while the borrow runs gives the borrow
+//! up (API.md, "Giving up a wait"): nothing stays held for that id, even
+//! when the borrow's own take or join landed first and the answer to it
+//! already shows the return (a compaction after a write hands back the item
+//! as the compaction left it, with others' writes in between).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use semaphore::domain::{Change, Update};
+use semaphore::keys::PoolKey;
+use semaphore::store::{PoolStore, Record, StoreError, Updated};
+use semaphore::Limits;
+use semaphore_tests::forward::{Around, Forward};
+use semaphore_tests::harness::{pool_id, ApiClient, Backend};
+use serde_json::Value;
+use tokio::sync::{Mutex, Notify};
+
+/// Once a write with a take or a join lands, returns `lease` through
+/// another client, then answers the write as landed with the item as the
+/// return left it.
+struct ReturnedMeanwhile {
+    inner: Arc<dyn PoolStore>,
+    pool: String,
+    lease: String,
+    seen: Arc<Seen>,
+}
+
+/// What [`ReturnedMeanwhile`] did, for the test to read.
+#[derive(Default)]
+struct Seen {
+    /// The return's answer, once sent.
+    returned: Mutex<Option<Value>>,
+    done: Notify,
+}
+
+impl ReturnedMeanwhile {
+    /// A client whose store returns `lease` of pool `id` meanwhile.
+    fn client(inner: &Arc<dyn PoolStore>, id: &str, lease: &str) -> (ApiClient, Arc<Seen>) {
+        let seen = Arc::new(Seen::default());
+        let store = ReturnedMeanwhile {
+            inner: inner.clone(),
+            pool: id.to_string(),
+            lease: lease.to_string(),
+            seen: seen.clone(),
+        };
+        (
+            ApiClient::new(Arc::new(Forward(store)), Limits::default()),
+            seen,
+        )
+    }
+}
+
+#[async_trait]
+impl Around for ReturnedMeanwhile {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
+    }
+    async fn update(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let updated = self.inner.update(key, read, update).await?;
+        let placing = update
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::Take { .. } | Change::Append(_)));
+        let mut returned = self.seen.returned.lock().await;
+        if !placing || returned.is_some() || !matches!(updated, Updated::Written(_)) {
+            return Ok(updated);
+        }
+        let client = ApiClient::new(self.inner.clone(), Limits::default());
+        let (status, body) = client.return_lease(&self.pool, &self.lease).await;
+        assert_eq!(status, 200, "{body}");
+        *returned = Some(body);
+        self.seen.done.notify_one();
+        match self.inner.load(key).await? {
+            Some(now) => Ok(Updated::Written(now)),
+            None => Ok(Updated::Gone),
+        }
+    }
+}
+
+fn borrow_body(lease: &str) -> String {
+    format!(r#"{{"ttl":30,"wait":5,"lease":"{lease}"}}"#)
+}
+
+/// A take that landed, then was returned: the borrow answers 409 and takes
+/// no other slot (before, it joined the queue and was handed the slot the
+/// return freed).
+async fn a_take_returned_before_its_answer_is_given_up(backend: Backend) {
+    let inner = backend.store().await;
+    let plain = ApiClient::new(inner.clone(), Limits::default());
+    let id = pool_id();
+    let lease = uuid::Uuid::new_v4().to_string();
+    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, &lease);
+    let (status, body) = api
+        .call("POST", &format!("/l/{id}/borrow"), &borrow_body(&lease))
+        .await;
+    let returned = seen.returned.lock().await.clone();
+    assert_eq!(returned, Some(serde_json::json!({"returned": true})));
+    assert_eq!(
+        status, 409,
+        "given up, it must not be granted again: {body}"
+    );
+    let state = plain.inspect(&id).await.1;
+    assert_eq!(
+        (&state["in_use"], &state["waiting"]),
+        (&0.into(), &0.into()),
+        "{state}"
+    );
+}
+
+/// A join that landed, then was cancelled: the borrow answers 409 and does
+/// not join again, so the slot freed later goes to nobody.
+async fn a_join_cancelled_before_its_answer_is_given_up(backend: Backend) {
+    let inner = backend.store().await;
+    let plain = ApiClient::new(inner.clone(), Limits::default());
+    let id = pool_id();
+    let lease = uuid::Uuid::new_v4().to_string();
+    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let (status, held) = plain.borrow(&id, 30.0, 0.0).await;
+    assert_eq!(status, 200, "{held}");
+    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, &lease);
+    let waiter = {
+        let (id, lease) = (id.clone(), lease.clone());
+        tokio::spawn(async move {
+            api.call("POST", &format!("/l/{id}/borrow"), &borrow_body(&lease))
+                .await
+        })
+    };
+    seen.done.notified().await;
+    let returned = seen.returned.lock().await.clone();
+    assert_eq!(returned, Some(serde_json::json!({"returned": false})));
+    // The slot frees while the borrow may still wait: it must not get it.
+    let holder = held["lease"].as_str().unwrap();
+    assert_eq!(plain.return_lease(&id, holder).await.1["returned"], true);
+    let (status, body) = waiter.await.unwrap();
+    assert_eq!(status, 409, "given up, it must not be granted: {body}");
+    let state = plain.inspect(&id).await.1;
+    assert_eq!(
+        (&state["in_use"], &state["waiting"]),
+        (&0.into(), &0.into()),
+        "{state}"
+    );
+}
+
+on_both_stores!(
+    a_take_returned_before_its_answer_is_given_up,
+    a_join_cancelled_before_its_answer_is_given_up,
+);
