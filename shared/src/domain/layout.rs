@@ -55,7 +55,7 @@ pub struct Compaction {
 impl Compaction {
     pub const DEFAULT: Compaction = Compaction {
         split_above: FLAT_MAX,
-        hot_max: 16,
+        hot_max: 32,
         cold_after_ms: 100,
         every: 2,
     };
@@ -379,9 +379,10 @@ impl Pool {
     /// The compaction due on this pool at `now_ms`, if any, for the writer
     /// of turn `turn` ([`Pool::compaction_turn`]): one segment's hot entries
     /// that may leave the pool item (free ones, expired ones, and live ones
-    /// older than `cold_after_ms`), but not the free or expired ones the
-    /// queue's waiters are handed next (the lowest, one a waiter), which
-    /// would be written again at once. The segment is the one with the most
+    /// older than `cold_after_ms`), but not the free or expired ones written
+    /// next (the lowest: one for each waiter, and one for each lease younger
+    /// than `cold_after_ms` up to `hot_max`, for the takes of borrowers that
+    /// cycle), which would be written again at once. The segment is the one with the most
     /// such entries, or by turns one of the next fullest (up to three, with
     /// at least half as many): writers elected one after another may
     /// compact at the same time, and two writing one segment cannot both
@@ -404,15 +405,30 @@ impl Pool {
                 stamp.granted_ms.saturating_add(holder.ttl_ms) <= now_ms
             }
         };
-        // The slots the live tickets are handed next.
-        let handed_next: BTreeSet<u16> = self
+        let young = |slot: Option<&Slot>| {
+            matches!(slot, Some(Slot::Held { holder, stamp })
+                if now_ms < stamp.granted_ms.saturating_add(holder.ttl_ms.min(config.cold_after_ms)))
+        };
+        // The slots written next: those the live tickets are handed, then
+        // those the next takes get (the lowest free), about one for each
+        // lease granted within `cold_after_ms` (a borrower that cycles
+        // returns and is soon back), at most `hot_max`. Cooling one of them
+        // is futile, and costly: the take that writes it hot again makes
+        // the compaction's pool item write fail after its segment landed.
+        let cycling = split
+            .hot
+            .iter()
+            .filter(|&&p| young(self.slots.get(usize::from(p))))
+            .count()
+            .min(config.hot_max);
+        let written_next: BTreeSet<u16> = self
             .free_positions(now_ms)
             .into_iter()
-            .take(self.waiting(now_ms))
+            .take(self.waiting(now_ms) + cycling)
             .collect();
         let movable = |position: u16| {
             let slot = self.slots.get(usize::from(position));
-            !handed_next.contains(&position)
+            !written_next.contains(&position)
                 && (open(slot)
                     || matches!(slot, Some(Slot::Held { stamp, .. })
                         if stamp.granted_ms.saturating_add(config.cold_after_ms) <= now_ms))

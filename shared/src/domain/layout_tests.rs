@@ -75,6 +75,7 @@ fn a_write_on_a_cold_slot_conditions_on_its_segment_version() {
 #[test]
 fn of_the_writes_that_find_compaction_due_one_in_every_compacts() {
     let config = Compaction {
+        hot_max: 16,
         every: 2,
         ..Compaction::DEFAULT
     };
@@ -170,6 +171,34 @@ fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
         .plan_compaction(config, NOW + 4_000, 0)
         .expect("compaction due");
     assert_eq!(later.segment, 0, "61 old entries of segment 0 first");
+}
+
+/// Borrowers that cycle take the lowest free slots again at once: as many
+/// of those as leases were granted within `cold_after_ms` stay hot (a
+/// compaction cooling them would lose to those takes); higher free ones,
+/// and old grants, leave.
+#[test]
+fn compaction_leaves_hot_the_free_slots_cycling_borrowers_take_next() {
+    let mut pool = held_pool(100, &(0..20).collect::<Vec<u8>>(), NOW - 10_000);
+    assert!(give_back(&mut pool, 19, NOW - 9_000));
+    for n in 1..=6 {
+        assert!(give_back(&mut pool, n, NOW - 1));
+    }
+    // Two borrowers cycle: they hold 1 and 2 now, 3..=6 and 19 are free.
+    assert_eq!(borrow(&mut pool, 50, 60_000, NOW), Some(1));
+    assert_eq!(borrow(&mut pool, 51, 60_000, NOW), Some(2));
+    let config = Compaction {
+        split_above: FLAT_MAX,
+        hot_max: 4,
+        cold_after_ms: 4_000,
+        every: 1,
+    };
+    let moved = cooled(&pool.plan_compaction(config, NOW, 0).expect("due"));
+    let expected: Vec<u16> = [0].into_iter().chain(5..=18).chain([19]).collect();
+    assert_eq!(moved, expected, "3 and 4 are the next takes'");
+    // Once those grants are old, nothing cycles: every free slot may leave.
+    let later = cooled(&pool.plan_compaction(config, NOW + 4_000, 0).expect("due"));
+    assert_eq!(later, (0..20).collect::<Vec<u16>>());
 }
 
 /// The positions a compaction moves.
