@@ -2,7 +2,8 @@
 //! up (API.md, "Giving up a wait"): nothing stays held for that id, even
 //! when the borrow's own take or join landed first and the answer to it
 //! already shows the return (a compaction after a write hands back the item
-//! as the compaction left it, with others' writes in between).
+//! as the compaction left it, with others' writes in between). And a grant
+//! that answer already shows ended is still answered.
 
 use std::sync::Arc;
 
@@ -16,14 +17,25 @@ use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use serde_json::Value;
 use tokio::sync::{Mutex, Notify};
 
-/// Once a write with a take or a join lands, returns `lease` through
-/// another client, then answers the write as landed with the item as the
-/// return left it.
+/// Once a write with a take or a join lands, does `meanwhile` through
+/// another client, then answers the write as landed with the item as that
+/// left it.
 struct ReturnedMeanwhile {
     inner: Arc<dyn PoolStore>,
     pool: String,
-    lease: String,
+    meanwhile: Meanwhile,
     seen: Arc<Seen>,
+}
+
+/// What happens between a borrow's write landing and its answer.
+#[derive(Clone)]
+enum Meanwhile {
+    /// A return of this lease id (the borrow's own: giving it up).
+    Return(String),
+    /// A return of this other lease, which hands its slot to the waiting
+    /// borrow; then the borrow's short grant runs out, and another borrow
+    /// takes the slot.
+    ServedExpiredReused(String),
 }
 
 /// What [`ReturnedMeanwhile`] did, for the test to read.
@@ -35,13 +47,17 @@ struct Seen {
 }
 
 impl ReturnedMeanwhile {
-    /// A client whose store returns `lease` of pool `id` meanwhile.
-    fn client(inner: &Arc<dyn PoolStore>, id: &str, lease: &str) -> (ApiClient, Arc<Seen>) {
+    /// A client whose store does `meanwhile` on pool `id`.
+    fn client(
+        inner: &Arc<dyn PoolStore>,
+        id: &str,
+        meanwhile: Meanwhile,
+    ) -> (ApiClient, Arc<Seen>) {
         let seen = Arc::new(Seen::default());
         let store = ReturnedMeanwhile {
             inner: inner.clone(),
             pool: id.to_string(),
-            lease: lease.to_string(),
+            meanwhile,
             seen: seen.clone(),
         };
         (
@@ -72,9 +88,17 @@ impl Around for ReturnedMeanwhile {
             return Ok(updated);
         }
         let client = ApiClient::new(self.inner.clone(), Limits::default());
-        let (status, body) = client.return_lease(&self.pool, &self.lease).await;
+        let lease = match &self.meanwhile {
+            Meanwhile::Return(lease) | Meanwhile::ServedExpiredReused(lease) => lease,
+        };
+        let (status, body) = client.return_lease(&self.pool, lease).await;
         assert_eq!(status, 200, "{body}");
         *returned = Some(body);
+        if let Meanwhile::ServedExpiredReused(_) = self.meanwhile {
+            tokio::time::sleep(std::time::Duration::from_millis(SHORT_TTL_MS + 50)).await;
+            let (status, body) = client.borrow(&self.pool, 30.0, 0.0).await;
+            assert_eq!(status, 200, "the expired slot is taken: {body}");
+        }
         self.seen.done.notify_one();
         match self.inner.load(key).await? {
             Some(now) => Ok(Updated::Written(now)),
@@ -96,7 +120,7 @@ async fn a_take_returned_before_its_answer_is_given_up(backend: Backend) {
     let id = pool_id();
     let lease = uuid::Uuid::new_v4().to_string();
     assert_eq!(plain.register(&id, 1).await.0, 200);
-    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, &lease);
+    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, Meanwhile::Return(lease.clone()));
     let (status, body) = api
         .call("POST", &format!("/l/{id}/borrow"), &borrow_body(&lease))
         .await;
@@ -124,7 +148,7 @@ async fn a_join_cancelled_before_its_answer_is_given_up(backend: Backend) {
     assert_eq!(plain.register(&id, 1).await.0, 200);
     let (status, held) = plain.borrow(&id, 30.0, 0.0).await;
     assert_eq!(status, 200, "{held}");
-    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, &lease);
+    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, Meanwhile::Return(lease.clone()));
     let waiter = {
         let (id, lease) = (id.clone(), lease.clone());
         tokio::spawn(async move {
@@ -148,7 +172,37 @@ async fn a_join_cancelled_before_its_answer_is_given_up(backend: Backend) {
     );
 }
 
+/// The borrow's grant in [`Meanwhile::ServedExpiredReused`], ms.
+const SHORT_TTL_MS: u64 = 60;
+
+/// A join that landed, then was handed a slot whose short grant ran out and
+/// was reused, all before the borrow read again: the grant is answered (a
+/// waiter never answers 409 with a slot granted to it), not refused.
+async fn a_join_served_before_its_answer_still_answers_its_grant(backend: Backend) {
+    let inner = backend.store().await;
+    let plain = ApiClient::new(inner.clone(), Limits::default());
+    let id = pool_id();
+    let lease = uuid::Uuid::new_v4().to_string();
+    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let (status, held) = plain.borrow(&id, 30.0, 0.0).await;
+    assert_eq!(status, 200, "{held}");
+    let holder = held["lease"].as_str().unwrap().to_string();
+    let (api, seen) =
+        ReturnedMeanwhile::client(&inner, &id, Meanwhile::ServedExpiredReused(holder));
+    let body = format!(
+        r#"{{"ttl":{},"wait":5,"lease":"{lease}"}}"#,
+        SHORT_TTL_MS as f64 / 1000.0
+    );
+    let (status, granted) = api.call("POST", &format!("/l/{id}/borrow"), &body).await;
+    let returned = seen.returned.lock().await.clone();
+    assert_eq!(returned, Some(serde_json::json!({"returned": true})));
+    assert_eq!(status, 200, "its grant, though ended: {granted}");
+    assert_eq!(granted["lease"], Value::from(lease));
+    assert_eq!(granted["position"], 0);
+}
+
 on_both_stores!(
     a_take_returned_before_its_answer_is_given_up,
     a_join_cancelled_before_its_answer_is_given_up,
+    a_join_served_before_its_answer_still_answers_its_grant,
 );

@@ -250,9 +250,7 @@ impl Borrower<'_> {
                     let landed;
                     (record, landed) =
                         write_landed(ctx, &self.key, &record, &update, &mut lost).await?;
-                    // (An expired lease may have been freed since, as any.)
-                    let live = now_ms() < now.saturating_add(self.holder.ttl_ms);
-                    if landed && live && self.taken_back(&record) {
+                    if landed && record.incarnation == incarnation && self.taken_back(&record) {
                         return Err(Error::Exhausted);
                     }
                     // Lost unless the lease it wrote is there (checked above).
@@ -275,11 +273,13 @@ impl Borrower<'_> {
                     }
                     let (joined, landed) =
                         write_landed(ctx, &self.key, &record, &update, &mut lost).await?;
-                    if joined.pool.queue().iter().any(|t| t.holder == self.holder) {
+                    // Once its ticket was in the queue, only the wait decides:
+                    // the record handed back may already show the ticket
+                    // served (its grant, even expired and reused) or taken
+                    // out by a return of its lease id (409), never a reason
+                    // to join again.
+                    if landed || joined.pool.queue().iter().any(|t| t.holder == self.holder) {
                         return Ok(Placed::Queued(joined, self.holder, now));
-                    }
-                    if landed && self.taken_back(&joined) {
-                        return Err(Error::Exhausted);
                     }
                     record = joined;
                 }
@@ -287,13 +287,14 @@ impl Borrower<'_> {
         }
     }
 
-    /// After a take or a join of ours landed (and while what it wrote is
-    /// live): whether `record` holds neither a lease nor a ticket of our
-    /// lease id. Only a return of that id takes either away then (the record
-    /// a write hands back may show writes after it, see [`write_landed`]):
-    /// the client gave the borrow up, so it answers 409 and never takes or
-    /// joins again (nothing stays held for a lease id returned while its
-    /// borrow ran).
+    /// After a take of ours landed: whether `record` holds neither a lease
+    /// nor a ticket of our lease id (the record a write hands back may show
+    /// writes after it, see [`write_landed`]). A return of that id took the
+    /// lease back: the client gave the borrow up, so it answers 409 and
+    /// never takes or joins again (nothing stays held for a lease id
+    /// returned while its borrow ran). So does a lease whose ttl ran out and
+    /// whose slot was reused before this read (a ttl shorter than the
+    /// write's round trips): it ended unanswered, and its slot is free again.
     fn taken_back(&self, record: &Record) -> bool {
         let digest = self.holder.digest;
         !record.pool.leases().iter().any(|l| l.digest == digest)

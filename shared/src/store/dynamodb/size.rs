@@ -195,3 +195,50 @@ mod tests {
         assert!(small <= 2 * 1024, "{small} bytes in x, r and y");
     }
 }
+
+#[cfg(test)]
+mod split_tests {
+    use super::super::test_support::{holder, NOW};
+    use super::*;
+    use crate::domain::{BorrowPlan, Compaction, Layout, Pool};
+
+    /// Compaction is due past `Compaction::DEFAULT.hot_max` hot entries
+    /// (docs/DESIGN.md, "Compaction"): that many live leases in a split pool
+    /// item, with a few waiters, stay within one write unit.
+    #[test]
+    fn a_split_item_at_the_hot_bound_with_waiters_fits_one_write_unit() {
+        let key = PoolKey([7; 16]);
+        let mut pool = Pool::new(100, NOW * 1000);
+        assert!(matches!(pool.layout(), Layout::Split(_)));
+        let hot = Compaction::DEFAULT.hot_max as u16;
+        for n in 0..hot {
+            let BorrowPlan::Take { update, .. } =
+                pool.plan_borrow(holder(n, 30_000), NOW, NOW, 1000)
+            else {
+                panic!("slot {n}")
+            };
+            let (lowered, _) = pool.lower(&update);
+            pool = pool.apply(&lowered).unwrap();
+        }
+        // And eight waiters, as a pool whose clients cycle keeps a few.
+        for n in 0..8 {
+            let BorrowPlan::Join(update) =
+                pool.plan_borrow_or_join(holder(1000 + n, 30_000), NOW + 25_000, NOW, 1000, false)
+            else {
+                panic!("join {n}")
+            };
+            pool = pool.apply(&pool.lower(&update).0).unwrap();
+        }
+        assert_eq!(pool.queue().len(), 8);
+        let size = item_size(
+            &key,
+            &Record {
+                incarnation: 1,
+                pool,
+            },
+        );
+        println!("split item with {hot} hot leases and 8 waiters: {size} B");
+        // With room for fences a million grants old (3 B more per lease).
+        assert!(size + 3 * usize::from(hot) <= 1024, "{size} B");
+    }
+}
