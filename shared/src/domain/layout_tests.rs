@@ -199,6 +199,22 @@ fn compaction_leaves_hot_the_free_slots_cycling_borrowers_take_next() {
     // Once those grants are old, nothing cycles: every free slot may leave.
     let later = cooled(&pool.plan_compaction(config, NOW + 4_000, 0).expect("due"));
     assert_eq!(later, (0..20).collect::<Vec<u16>>());
+    // More borrowers cycle than `hot_max`: no more than `hot_max` free slots
+    // stay hot for them (the pool item's size stays bounded).
+    for n in 52..56 {
+        borrow(&mut pool, n, 60_000, NOW);
+    }
+    assert!(give_back(&mut pool, 52, NOW));
+    assert!(give_back(&mut pool, 53, NOW));
+    // Four young grants (1, 2, 5, 6); 3, 4 and 19 free, hot. Uncapped, the
+    // four lowest free (3, 4, 19, 20) would stay; capped at 2, only 3 and 4.
+    let capped = Compaction {
+        hot_max: 2,
+        ..config
+    };
+    let moved = cooled(&pool.plan_compaction(capped, NOW, 0).expect("due"));
+    assert!(!moved.contains(&3) && !moved.contains(&4), "{moved:?}");
+    assert!(moved.contains(&19), "{moved:?}");
 }
 
 /// The positions a compaction moves.
