@@ -107,6 +107,39 @@ impl Around for ReturnedMeanwhile {
     }
 }
 
+/// A pool of count 1 on `backend`'s store, a client on that store, and a
+/// lease id for the borrow under test; with `held`, the slot held by
+/// another lease (its id returned too).
+struct Setup {
+    inner: Arc<dyn PoolStore>,
+    plain: ApiClient,
+    id: String,
+    lease: String,
+    holder: Option<String>,
+}
+
+impl Setup {
+    async fn new(backend: Backend, held: bool) -> Self {
+        let inner = backend.store().await;
+        let plain = ApiClient::new(inner.clone(), Limits::default());
+        let id = pool_id();
+        assert_eq!(plain.register(&id, 1).await.0, 200);
+        let mut holder = None;
+        if held {
+            let (status, body) = plain.borrow(&id, 30.0, 0.0).await;
+            assert_eq!(status, 200, "{body}");
+            holder = body["lease"].as_str().map(str::to_string);
+        }
+        Setup {
+            inner,
+            plain,
+            id,
+            lease: uuid::Uuid::new_v4().to_string(),
+            holder,
+        }
+    }
+}
+
 fn borrow_body(lease: &str) -> String {
     format!(r#"{{"ttl":30,"wait":5,"lease":"{lease}"}}"#)
 }
@@ -115,11 +148,13 @@ fn borrow_body(lease: &str) -> String {
 /// no other slot (before, it joined the queue and was handed the slot the
 /// return freed).
 async fn a_take_returned_before_its_answer_is_given_up(backend: Backend) {
-    let inner = backend.store().await;
-    let plain = ApiClient::new(inner.clone(), Limits::default());
-    let id = pool_id();
-    let lease = uuid::Uuid::new_v4().to_string();
-    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let Setup {
+        inner,
+        plain,
+        id,
+        lease,
+        ..
+    } = Setup::new(backend, false).await;
     let (api, seen) = ReturnedMeanwhile::client(&inner, &id, Meanwhile::Return(lease.clone()));
     let (status, body) = api
         .call("POST", &format!("/l/{id}/borrow"), &borrow_body(&lease))
@@ -141,13 +176,13 @@ async fn a_take_returned_before_its_answer_is_given_up(backend: Backend) {
 /// A join that landed, then was cancelled: the borrow answers 409 and does
 /// not join again, so the slot freed later goes to nobody.
 async fn a_join_cancelled_before_its_answer_is_given_up(backend: Backend) {
-    let inner = backend.store().await;
-    let plain = ApiClient::new(inner.clone(), Limits::default());
-    let id = pool_id();
-    let lease = uuid::Uuid::new_v4().to_string();
-    assert_eq!(plain.register(&id, 1).await.0, 200);
-    let (status, held) = plain.borrow(&id, 30.0, 0.0).await;
-    assert_eq!(status, 200, "{held}");
+    let Setup {
+        inner,
+        plain,
+        id,
+        lease,
+        holder,
+    } = Setup::new(backend, true).await;
     let (api, seen) = ReturnedMeanwhile::client(&inner, &id, Meanwhile::Return(lease.clone()));
     let waiter = {
         let (id, lease) = (id.clone(), lease.clone());
@@ -160,8 +195,8 @@ async fn a_join_cancelled_before_its_answer_is_given_up(backend: Backend) {
     let returned = seen.returned.lock().await.clone();
     assert_eq!(returned, Some(serde_json::json!({"returned": false})));
     // The slot frees while the borrow may still wait: it must not get it.
-    let holder = held["lease"].as_str().unwrap();
-    assert_eq!(plain.return_lease(&id, holder).await.1["returned"], true);
+    let holder = holder.expect("held");
+    assert_eq!(plain.return_lease(&id, &holder).await.1["returned"], true);
     let (status, body) = waiter.await.unwrap();
     assert_eq!(status, 409, "given up, it must not be granted: {body}");
     let state = plain.inspect(&id).await.1;
@@ -179,16 +214,15 @@ const SHORT_TTL_MS: u64 = 60;
 /// was reused, all before the borrow read again: the grant is answered (a
 /// waiter never answers 409 with a slot granted to it), not refused.
 async fn a_join_served_before_its_answer_still_answers_its_grant(backend: Backend) {
-    let inner = backend.store().await;
-    let plain = ApiClient::new(inner.clone(), Limits::default());
-    let id = pool_id();
-    let lease = uuid::Uuid::new_v4().to_string();
-    assert_eq!(plain.register(&id, 1).await.0, 200);
-    let (status, held) = plain.borrow(&id, 30.0, 0.0).await;
-    assert_eq!(status, 200, "{held}");
-    let holder = held["lease"].as_str().unwrap().to_string();
-    let (api, seen) =
-        ReturnedMeanwhile::client(&inner, &id, Meanwhile::ServedExpiredReused(holder));
+    let Setup {
+        inner,
+        id,
+        lease,
+        holder,
+        ..
+    } = Setup::new(backend, true).await;
+    let served = Meanwhile::ServedExpiredReused(holder.expect("held"));
+    let (api, seen) = ReturnedMeanwhile::client(&inner, &id, served);
     let body = format!(
         r#"{{"ttl":{},"wait":5,"lease":"{lease}"}}"#,
         SHORT_TTL_MS as f64 / 1000.0
