@@ -3,6 +3,7 @@
 //! waiters, idempotent enqueue, cancel, expiry, a failing receiver, and the
 //! callbacks the service refuses.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -10,16 +11,18 @@ use semaphore::callback::CallbackPolicy;
 use semaphore::delivery::{Caller, Dispatcher, Local};
 use semaphore::domain::{Change, DeliveryClaim, LeaseDigest, TicketItem, TicketState, Update};
 use semaphore::keys::{LeaseId, PoolId, PoolKey};
-use semaphore::service::Budget;
+use semaphore::service::{Budget, Claiming, ToDeliver};
 use semaphore::store::{
     PoolStore, PutTicket, Record, StoreError, StoreErrorKind, TicketStore, TicketUpdated, Updated,
 };
 use semaphore::Limits;
+use semaphore_tests::counting::{Counters, CountingStore};
 use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
 use semaphore_tests::receiver::{answer, read_request};
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
+use tokio::task::JoinSet;
 
 on_both_stores!(
     workers = 4;
@@ -34,6 +37,7 @@ on_both_stores!(
     a_step_that_delivers_claims_its_grants_from_every_other_step,
     a_step_with_one_unreadable_ticket_hands_out_the_others,
     a_delivery_uses_the_claim_its_step_took,
+    a_delivery_starts_as_its_step_claims_it_and_begins_from_the_steps_read,
     dead_waiters_filling_the_queue_do_not_stall_the_backlog,
     deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_lapse,
     a_pool_settles_when_its_async_work_is_done,
@@ -728,6 +732,92 @@ async fn a_delivery_uses_the_claim_its_step_took(backend: Backend) {
     assert_eq!(item.state.name(), "delivered");
     assert_eq!(item.attempts, 1, "the step's claim served the attempt");
     assert_eq!(item.claim, Some(claim), "no other claim written");
+}
+
+/// A step made for a caller that delivers at once hands each delivery out
+/// as soon as its grant and claim are written (one write): the step lists
+/// none to deliver after. Each first attempt begins from the pool the step
+/// read beside the claim, with no read of its own; and a delivery the
+/// receiver took leaves nothing for the invocation to step again for.
+async fn a_delivery_starts_as_its_step_claims_it_and_begins_from_the_steps_read(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let api = ApiClient {
+        service: service_over(store.clone(), tickets.clone(), Limits::default()),
+    };
+    let (url, got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 2).await;
+    let (first, second) = (lease(), lease());
+    for mine in [&first, &second] {
+        let (status, _) = enqueue(&api, &pool, mine, &url, 600.0).await;
+        assert_eq!(status, 202);
+    }
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let counters = Arc::new(Counters::default());
+    let counted: Arc<dyn PoolStore> = Arc::new(CountingStore::new(store.clone(), counters.clone()));
+    let service = Arc::new(service_over(counted, tickets.clone(), Limits::default()));
+    // Through the service: what the step hands out, as it hands it out.
+    let handed: Mutex<Vec<ToDeliver>> = Mutex::default();
+    let hand = |delivery: ToDeliver| handed.lock().expect("lock").push(delivery);
+    let claiming = Claiming {
+        span: Duration::from_secs(10),
+        hand: Some(&hand),
+    };
+    let step = service
+        .dispatch_step_claiming(&key, &[], claiming, &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert!(step.deliver.is_empty(), "{step:?}");
+    assert_eq!(step.handed, 2);
+    let handed = handed.into_inner().expect("lock");
+    assert_eq!(handed.len(), 2);
+    for delivery in &handed {
+        assert_eq!(delivery.checked, Some(Ok(())), "{delivery:?}");
+        assert_eq!(delivery.item.attempts, 1, "claimed in the grant's write");
+        assert_eq!(delivery.item.claim, delivery.claim);
+    }
+    let caller = Caller::new(CallbackPolicy { allow_local: true }, Duration::from_secs(2));
+    let dispatcher = Arc::new(Dispatcher::new(service, caller.expect("caller")));
+    let loads = counters.loads.load(Ordering::Relaxed);
+    for delivery in handed {
+        assert!(
+            !dispatcher.deliver(key, delivery).await,
+            "taken: nothing changed"
+        );
+    }
+    assert_eq!(
+        counters.loads.load(Ordering::Relaxed),
+        loads,
+        "no first attempt read the pool"
+    );
+    assert_eq!(got.lock().expect("lock").len(), 2);
+    for mine in [&first, &second] {
+        let item = tickets
+            .ticket(&key, LeaseId(mine.parse().expect("uuid")).digest())
+            .await
+            .expect("read")
+            .expect("item");
+        assert_eq!((item.state.name(), item.attempts), ("delivered", 1));
+    }
+    // Through the dispatcher: the deliveries run in the set it fills.
+    let third = lease();
+    let (status, _) = enqueue(&api, &pool, &third, &url, 600.0).await;
+    assert_eq!(status, 202);
+    for mine in [&first, &second] {
+        let (status, _) = api.return_lease(&pool, mine).await;
+        assert_eq!(status, 200);
+    }
+    let mut deliveries = JoinSet::new();
+    let step = dispatcher
+        .step_and_deliver(key, &mut deliveries)
+        .await
+        .expect("step");
+    assert!(step.deliver.is_empty(), "{step:?}");
+    assert_eq!(step.handed, 1);
+    while let Some(changed) = deliveries.join_next().await {
+        assert!(!changed.expect("joined"));
+    }
+    assert_eq!(got.lock().expect("lock").len(), 3);
 }
 
 /// Sync waiters whose requests died without a cancel, filling the queue,

@@ -15,6 +15,7 @@ on_both_stores!(
     the_backlog_reads_in_ticket_order,
     a_ticket_ends_exactly_once,
     one_delivery_claim_at_a_time,
+    a_grant_is_recorded_with_its_first_claim_once,
     deleting_tickets_leaves_the_pool_item,
 );
 
@@ -230,6 +231,65 @@ async fn a_ticket_ends_exactly_once(backend: Backend) {
 }
 
 /// The delivery claim: one attempt in flight per ticket across dispatchers.
+/// A grant recorded with its first attempt's claim is one write: the
+/// ticket granted, claimed and its attempt counted; a second dispatcher's
+/// record of the same grant finds it granted already and leaves its claim
+/// alone; a ticket that ended is not granted.
+async fn a_grant_is_recorded_with_its_first_claim_once(backend: Backend) {
+    let (_, tickets) = backend.stores().await;
+    let pool = key();
+    let t = ticket(1);
+    tickets.put_ticket(&pool, &t).await.expect("put");
+    let g = grant();
+    let now = now_ms();
+    let first = DeliveryClaim {
+        by: 1,
+        until_ms: now + 7_000,
+    };
+    let recorded = tickets
+        .record_grant(&pool, t.digest(), &TicketState::Waiting, g, Some(first))
+        .await
+        .expect("record");
+    let TicketUpdated::Written(item) = recorded else {
+        panic!("not recorded: {recorded:?}");
+    };
+    assert_eq!(
+        (item.state.clone(), item.claim, item.attempts),
+        (TicketState::Granted(g), Some(first), 1)
+    );
+    let second = DeliveryClaim {
+        by: 2,
+        until_ms: now + 9_000,
+    };
+    let again = tickets
+        .record_grant(&pool, t.digest(), &TicketState::Waiting, g, Some(second))
+        .await
+        .expect("record");
+    assert!(
+        matches!(again, TicketUpdated::Lost(ref item) if item.claim == Some(first)),
+        "{again:?}"
+    );
+    let read = tickets.ticket(&pool, t.digest()).await.expect("read");
+    assert_eq!(read.map(|t| (t.claim, t.attempts)), Some((Some(first), 1)));
+    // Without a claim (a step that hands its deliveries on): granted only.
+    let other = ticket(2);
+    tickets.put_ticket(&pool, &other).await.expect("put");
+    let recorded = tickets
+        .record_grant(&pool, other.digest(), &TicketState::Waiting, g, None)
+        .await
+        .expect("record");
+    assert!(
+        matches!(recorded, TicketUpdated::Written(ref item) if item.claim.is_none() && item.attempts == 0),
+        "{recorded:?}"
+    );
+    // A ticket that ended cannot be granted: a bug, said as such.
+    let err = tickets
+        .record_grant(&pool, other.digest(), &TicketState::Expired, g, None)
+        .await
+        .expect_err("refused");
+    assert_eq!(err.kind, StoreErrorKind::Corrupt);
+}
+
 /// Taken only while the ticket holds that grant, refused while another's
 /// claim is live, renewed by its holder, taken over once it lapsed; every
 /// claim counts an attempt.

@@ -5,6 +5,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::task::JoinSet;
+
 use semaphore_wire::{Backoff, Delivery, Jitter, Seconds};
 
 use super::{Attempt, Caller};
@@ -12,7 +14,7 @@ use crate::clock::now_ms;
 use crate::domain::{DeliveryClaim, LeaseDigest, TicketGrant, TicketItem, GAP_MS};
 use crate::keys::PoolKey;
 use crate::metrics::{AsyncLog, LogFormat, PoolKeyPrefix};
-use crate::service::{Begin, Budget, Service, Step, ToDeliver};
+use crate::service::{Begin, Budget, Claiming, Service, Step, ToDeliver};
 use crate::Error;
 
 /// Longest a grant may go undelivered: then its lease is returned and the
@@ -87,8 +89,40 @@ impl Dispatcher {
     /// the step claims each delivery's first attempt as it records the grant
     /// (so that no other dispatcher hands it out meanwhile).
     pub async fn step_to_deliver(&self, key: PoolKey) -> Result<Step, Error> {
-        self.step_with(key, Some(self.claim_span(Duration::ZERO)))
-            .await
+        let claiming = Claiming {
+            span: self.claim_span(Duration::ZERO),
+            hand: None,
+        };
+        self.step_with(key, Some(claiming)).await
+    }
+
+    /// [`Dispatcher::step_to_deliver`] that starts each delivery (in
+    /// `deliveries`) as soon as its claim lands, before the step's other
+    /// writes: the step's `deliver` lists none of them. The deliveries run
+    /// whatever the step's outcome: join `deliveries` either way.
+    pub async fn step_and_deliver(
+        self: &Arc<Self>,
+        key: PoolKey,
+        deliveries: &mut JoinSet<bool>,
+    ) -> Result<Step, Error> {
+        let started = Mutex::new(std::mem::take(deliveries));
+        let hand = |delivery: ToDeliver| {
+            if !self.in_flight().insert((key, delivery.item.digest())) {
+                return;
+            }
+            let dispatcher = self.clone();
+            started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .spawn(async move { dispatcher.deliver(key, delivery).await });
+        };
+        let claiming = Claiming {
+            span: self.claim_span(Duration::ZERO),
+            hand: Some(&hand),
+        };
+        let stepped = self.step_with(key, Some(claiming)).await;
+        *deliveries = started.into_inner().unwrap_or_else(|e| e.into_inner());
+        stepped
     }
 
     /// How long a claim taken now covers an attempt that starts after up
@@ -99,7 +133,8 @@ impl Dispatcher {
         2 * self.service.timing().call_timeout + self.caller.timeout() + nap + CLAIM_MARGIN
     }
 
-    async fn step_with(&self, key: PoolKey, claim_for: Option<Duration>) -> Result<Step, Error> {
+    /// `claiming`: how the step claims what it hands out, if it does.
+    async fn step_with(&self, key: PoolKey, claiming: Option<Claiming<'_>>) -> Result<Step, Error> {
         let mut delivering: Vec<LeaseDigest> = self
             .in_flight()
             .iter()
@@ -121,10 +156,10 @@ impl Dispatcher {
             lapses
         };
         let mut budget = Budget::new(None);
-        let step = match claim_for {
-            Some(claim_for) => {
+        let step = match claiming {
+            Some(claiming) => {
                 self.service
-                    .dispatch_step_to_deliver(&key, &delivering, claim_for, &mut budget)
+                    .dispatch_step_claiming(&key, &delivering, claiming, &mut budget)
                     .await?
             }
             None => {
@@ -175,23 +210,33 @@ impl Dispatcher {
     }
 
     /// Delivers one grant until the receiver takes it, refuses it, or the
-    /// lease or the bound ends; records the outcome.
-    pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) {
-        let ToDeliver { item, grant, claim } = delivery;
-        self.deliver_once(key, &item, grant, claim).await;
+    /// lease or the bound ends; records the outcome. Whether the pool may
+    /// have changed for it (a failed delivery returns its lease), so that
+    /// the caller steps it again.
+    pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) -> bool {
+        let ToDeliver {
+            item,
+            grant,
+            claim,
+            checked,
+        } = delivery;
+        let first = claim.map(|claim| (claim, checked));
+        let changed = self.deliver_once(key, &item, grant, first).await;
         self.in_flight().remove(&(key, item.digest()));
+        changed
     }
 
-    /// `taken`: the claim its step took for the first attempt, if any.
+    /// `taken`: the claim its step took for the first attempt, if any, and
+    /// what the pool the step read beside it said, if it read it.
     async fn deliver_once(
         &self,
         key: PoolKey,
         item: &TicketItem,
         grant: TicketGrant,
-        mut taken: Option<DeliveryClaim>,
-    ) {
+        mut taken: Option<(DeliveryClaim, Option<Result<(), String>>)>,
+    ) -> bool {
         let Some(callback) = item.callback.clone() else {
-            return;
+            return false;
         };
         let until = grant.expires_at_ms.min(
             grant
@@ -199,7 +244,9 @@ impl Dispatcher {
                 .saturating_add(self.bound.as_millis() as u64),
         );
         // This delivery's claim on the ticket: renewed before each attempt.
-        let by = taken.map_or_else(|| fastrand::u64(..), |claim| claim.by);
+        let by = taken
+            .as_ref()
+            .map_or_else(|| fastrand::u64(..), |(claim, _)| claim.by);
         let mut last = String::from("no attempt");
         let mut attempt = 0u32;
         let mut made = 0u32;
@@ -214,12 +261,17 @@ impl Dispatcher {
             let nap = self.retry.pause(attempt);
             // The step's claim serves the first attempt while it covers it
             // (the pool's read, the attempt, the pause after it).
-            let first = taken.take().filter(|claim| {
+            let first = taken.take().filter(|(claim, _)| {
                 let rest = self.claim_span(nap) - self.service.timing().call_timeout;
                 now + rest.as_millis() as u64 <= claim.until_ms
             });
             let (claim, begin) = match first {
-                Some(claim) => (claim, self.service.begin_claimed(&key, item, grant).await),
+                // The pool as the step read it beside the claim.
+                Some((claim, Some(checked))) => (
+                    claim,
+                    self.service.begin_checked(&key, item, grant, checked).await,
+                ),
+                Some((claim, None)) => (claim, self.service.begin_claimed(&key, item, grant).await),
                 None => {
                     let claim = DeliveryClaim {
                         by,
@@ -232,11 +284,12 @@ impl Dispatcher {
             match begin {
                 Ok(Begin::Go) => {}
                 // Another dispatcher's, or it ended meanwhile: nothing to record.
-                Ok(Begin::NotOurs) => return,
+                Ok(Begin::NotOurs) => return false,
+                // Its lease ended: nothing freed here.
                 Ok(Begin::Ended(reason)) => {
                     self.log_delivery(&key, item, false, made);
                     tracing::info!(pool = %prefix(&key), reason = %reason, "a grant not delivered");
-                    return;
+                    return false;
                 }
                 Err(err) => {
                     // No claim, no attempt: try again after the pause.
@@ -284,7 +337,8 @@ impl Dispatcher {
             attempt += 1;
             pause(nap, until).await;
         };
-        self.log_delivery(&key, item, outcome.is_ok(), made);
+        let failed = outcome.is_err();
+        self.log_delivery(&key, item, !failed, made);
         let ended = self
             .service
             .delivery_ended(&key, item, grant, outcome, &mut Budget::new(None))
@@ -292,6 +346,8 @@ impl Dispatcher {
         if let Err(err) = ended {
             tracing::warn!(error = %err, "a delivery's outcome was not recorded");
         }
+        // A failed delivery returned its lease.
+        failed
     }
 
     fn log_delivery(&self, key: &PoolKey, item: &TicketItem, delivered: bool, attempts: u32) {

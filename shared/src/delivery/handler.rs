@@ -212,18 +212,27 @@ impl Handler {
             // (and so claims what its step hands out).
             let delivers = source == Source::Queue
                 && deadline.is_none_or(|d| Instant::now() + STEP + ROUND <= d);
+            // Each delivery starts as soon as the step claims it, before
+            // the step's other writes.
+            let mut deliveries = JoinSet::new();
             let stepped = if delivers {
-                self.dispatcher.step_to_deliver(key).await
+                self.dispatcher.step_and_deliver(key, &mut deliveries).await
             } else {
                 self.dispatcher.step(key).await
-            }
-            .map_err(|e| format!("{e:?}"))?;
-            if delivers && !stepped.deliver.is_empty() {
-                // Deliveries start at once, the wake's arming beside them
-                // (two store calls the first attempt need not wait for). A
-                // failed arming fails the records once the deliveries end:
-                // their retry steps the pool again.
-                let mut deliveries = JoinSet::new();
+            };
+            let stepped = match stepped {
+                Ok(stepped) => stepped,
+                Err(err) => {
+                    // Those it started are made all the same.
+                    while deliveries.join_next().await.is_some() {}
+                    return Err(format!("{err:?}").into());
+                }
+            };
+            if delivers && (stepped.handed > 0 || !stepped.deliver.is_empty()) {
+                // The wake's arming beside the deliveries (two store calls
+                // the first attempt need not wait for). A failed arming
+                // fails the records once the deliveries end: their retry
+                // steps the pool again.
                 for delivery in stepped.deliver {
                     let dispatcher = self.dispatcher.clone();
                     deliveries.spawn(async move { dispatcher.deliver(key, delivery).await });
@@ -232,8 +241,17 @@ impl Handler {
                     Some(at) => self.arm(key, at, &mut handled).await.map(|()| true),
                     None => Ok(false),
                 };
-                while deliveries.join_next().await.is_some() {}
+                let mut changed = false;
+                while let Some(changed_by) = deliveries.join_next().await {
+                    changed |= changed_by.unwrap_or(true);
+                }
                 armed_any |= armed?;
+                if !changed {
+                    // The pool changes next when a receiver returns its
+                    // lease, which wakes it: no round to wait for here, so
+                    // the invocation ends and its poller takes the next wake.
+                    break;
+                }
                 continue;
             }
             if let Some(at) = stepped.wake_ms {

@@ -237,7 +237,11 @@ async fn receiver(release: watch::Receiver<bool>) -> (SocketAddr, mpsc::Unbounde
                         if path.starts_with("/hang") {
                             let _ = release.wait_for(|released| *released).await;
                         }
-                        Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::new())))
+                        let mut response = Response::new(Full::new(Bytes::new()));
+                        if path.starts_with("/refuse") {
+                            *response.status_mut() = hyper::StatusCode::GONE;
+                        }
+                        Ok::<_, hyper::Error>(response)
                     }
                 });
                 let io = hyper_util::rt::TokioIo::new(stream);
@@ -323,6 +327,41 @@ async fn a_hanging_receiver_holds_up_no_other_pool() {
         let state = state(&f, id, lease).await;
         assert!(matches!(state, TicketState::Delivered { .. }), "{state:?}");
     }
+}
+
+/// A delivery that fails returns its lease, which hands the slot to the
+/// next ticket: the wake's invocation steps again and delivers that one
+/// too (no other write would wake the pool here: no stream in this test).
+#[tokio::test]
+async fn a_failed_delivery_has_its_invocation_step_again() {
+    let f = fixture();
+    let (_release, released) = watch::channel(false);
+    let (addr, mut arrived) = receiver(released).await;
+    let id = PoolId(uuid::Uuid::new_v4());
+    let refused = free_pool_with_a_ticket(&f, id, format!("http://{addr}/refuse")).await;
+    let next = LeaseId::new_random();
+    let enqueue = EnqueueRequest {
+        ttl_ms: 30_000,
+        wait_ms: Some(60_000),
+        lease: next,
+        callback: Callback {
+            url: format!("http://{addr}/ok"),
+            token: "t".into(),
+        },
+    };
+    let budget = &mut Budget::new(None);
+    f.service.enqueue(id, enqueue, budget).await.unwrap();
+    let batch = wakes(&[("m1", now_wake(id.key()))]);
+    let response = f.handler.handle_batch(batch, None).await.unwrap();
+    assert_eq!(response, BatchResponse::default());
+    assert!(matches!(
+        state(&f, id, refused).await,
+        TicketState::Failed { .. }
+    ));
+    let state = state(&f, id, next).await;
+    assert!(matches!(state, TicketState::Delivered { .. }), "{state:?}");
+    assert_eq!(arrived.recv().await.as_deref(), Some("/refuse"));
+    assert_eq!(arrived.recv().await.as_deref(), Some("/ok"));
 }
 
 #[tokio::test]

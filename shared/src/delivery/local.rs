@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio::task::JoinSet;
 
 use super::Dispatcher;
 use crate::clock::now_ms;
@@ -58,13 +59,22 @@ impl Local {
                 due.sort_unstable_by_key(|k| k.0);
                 due.dedup();
                 for key in due {
-                    match dispatcher.step_to_deliver(key).await {
+                    // Each delivery starts as soon as the step claims it.
+                    let mut deliveries = JoinSet::new();
+                    let stepped = dispatcher.step_and_deliver(key, &mut deliveries).await;
+                    let tell_after = tell.clone();
+                    tokio::spawn(async move {
+                        // Each end may free a slot: step again.
+                        while deliveries.join_next().await.is_some() {
+                            let _ = tell_after.send(key);
+                        }
+                    });
+                    match stepped {
                         Ok(stepped) => {
                             for delivery in stepped.deliver {
                                 let (dispatcher, tell) = (dispatcher.clone(), tell.clone());
                                 tokio::spawn(async move {
                                     dispatcher.deliver(key, delivery).await;
-                                    // Its end may free a slot: step again.
                                     let _ = tell.send(key);
                                 });
                             }

@@ -25,7 +25,7 @@ mod settings;
 mod waiting_room;
 
 pub use async_mode::{
-    Begin, EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW,
+    Begin, Claiming, EnqueueRequest, Enqueued, Step, TicketReport, ToDeliver, ASYNC_WINDOW,
 };
 pub use borrow::{BorrowRequest, Grant};
 pub use harness::{Budget, Stats};

@@ -7,12 +7,12 @@ use std::sync::{Mutex, MutexGuard};
 use async_trait::async_trait;
 
 use super::{
-    Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated, Updated,
-    WakeStore,
+    may_move, Created, PoolStore, PutTicket, Record, StoreError, TicketStore, TicketUpdated,
+    Updated, WakeStore,
 };
 use crate::domain::{
-    CompactionPlan, DeliveryClaim, Expect, Layout, LeaseDigest, Pool, TicketItem, TicketState,
-    Update,
+    CompactionPlan, DeliveryClaim, Expect, Layout, LeaseDigest, Pool, TicketGrant, TicketItem,
+    TicketState, Update,
 };
 use crate::keys::PoolKey;
 
@@ -232,6 +232,32 @@ impl TicketStore for MemoryStore {
             return Ok(TicketUpdated::Lost(ticket.clone()));
         }
         ticket.state = to.clone();
+        Ok(TicketUpdated::Written(ticket.clone()))
+    }
+
+    async fn record_grant(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        grant: TicketGrant,
+        claim: Option<DeliveryClaim>,
+    ) -> Result<TicketUpdated, StoreError> {
+        let granted = TicketState::Granted(grant);
+        may_move(from, &granted)?;
+        let mut tickets = self.tickets();
+        let Some(ticket) = tickets.get_mut(key).and_then(|pool| pool.get_mut(&digest)) else {
+            return Ok(TicketUpdated::Gone);
+        };
+        if ticket.state.name() != from.name() {
+            return Ok(TicketUpdated::Lost(ticket.clone()));
+        }
+        // One write, as DynamoDB's: the grant, and its first attempt claimed.
+        ticket.state = granted;
+        if let Some(claim) = claim {
+            ticket.claim = Some(claim);
+            ticket.attempts += 1;
+        }
         Ok(TicketUpdated::Written(ticket.clone()))
     }
 

@@ -11,7 +11,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 use crate::domain::{
-    CompactionPlan, DeliveryClaim, LeaseDigest, Pool, TicketItem, TicketState, Update,
+    CompactionPlan, DeliveryClaim, LeaseDigest, Pool, TicketGrant, TicketItem, TicketState, Update,
 };
 use crate::keys::PoolKey;
 
@@ -223,12 +223,7 @@ pub trait TicketStore: Send + Sync {
         from: &TicketState,
         to: &TicketState,
     ) -> Result<TicketUpdated, StoreError> {
-        if !from.may_become(to) {
-            return Err(StoreError::new(
-                StoreErrorKind::Corrupt,
-                format!("a ticket cannot go from {} to {}", from.name(), to.name()),
-            ));
-        }
+        may_move(from, to)?;
         self.move_ticket(key, digest, from, to).await
     }
 
@@ -241,6 +236,30 @@ pub trait TicketStore: Send + Sync {
         from: &TicketState,
         to: &TicketState,
     ) -> Result<TicketUpdated, StoreError>;
+
+    /// Records `grant` on the ticket (from `from`, the state as read, as
+    /// [`set_ticket_state`](Self::set_ticket_state)) and, with `claim`,
+    /// claims its first delivery attempt and counts it in the same write:
+    /// a ticket just granted has no claim of anyone's to respect.
+    async fn record_grant(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        grant: TicketGrant,
+        claim: Option<DeliveryClaim>,
+    ) -> Result<TicketUpdated, StoreError> {
+        let granted = TicketState::Granted(grant);
+        let recorded = self.set_ticket_state(key, digest, from, &granted).await?;
+        match (recorded, claim) {
+            (TicketUpdated::Written(_), Some(claim)) => {
+                let now = crate::clock::now_ms();
+                self.claim_attempt(key, digest, grant.fence, claim, now)
+                    .await
+            }
+            (recorded, _) => Ok(recorded),
+        }
+    }
 
     /// Claims the next delivery attempt of the ticket granted `fence` and
     /// counts it, if [`TicketItem::may_claim`] at `now_ms` (conditioned on
@@ -269,6 +288,17 @@ pub trait TicketStore: Send + Sync {
     /// Removes every ticket item of the pool (after the pool itself was
     /// deleted and its tickets ended); how many were removed.
     async fn delete_tickets(&self, key: &PoolKey) -> Result<usize, StoreError>;
+}
+
+/// A `Corrupt` error (a bug) unless a ticket in `from` may become `to`.
+pub(crate) fn may_move(from: &TicketState, to: &TicketState) -> Result<(), StoreError> {
+    if from.may_become(to) {
+        return Ok(());
+    }
+    Err(StoreError::new(
+        StoreErrorKind::Corrupt,
+        format!("a ticket cannot go from {} to {}", from.name(), to.name()),
+    ))
 }
 
 /// The dispatcher's pending wake of each pool (async mode in AWS, where a

@@ -12,6 +12,7 @@ use super::Service;
 
 mod admit;
 mod cancel;
+mod claim;
 mod delivery;
 mod enqueue;
 mod step;
@@ -21,7 +22,7 @@ pub(in crate::service) use admit::admit;
 pub use admit::ASYNC_WINDOW;
 pub use delivery::Begin;
 pub use enqueue::{EnqueueRequest, Enqueued};
-pub use step::{Step, ToDeliver};
+pub use step::{Claiming, Step, ToDeliver};
 pub use ticket::TicketReport;
 
 /// The filler item that fills a ticket number whose request found its lease

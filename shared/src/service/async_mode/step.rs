@@ -17,6 +17,7 @@ use crate::service::{Budget, Service};
 use crate::store::{Record, TicketStore, TicketUpdated, Updated};
 
 use super::admit;
+use super::claim::Claimed;
 
 /// A grant the dispatcher recorded, to deliver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +27,20 @@ pub struct ToDeliver {
     /// The delivery claim the step took for its first attempt, if the step
     /// was made for a caller that delivers at once.
     pub claim: Option<DeliveryClaim>,
+    /// With `claim`: the pool as the step read it beside the claim, if it
+    /// did: whether the first attempt may start (else why the ticket fails).
+    pub checked: Option<Result<(), String>>,
+}
+
+/// How a step made for a caller that delivers at once claims what it hands
+/// out.
+#[derive(Clone, Copy)]
+pub struct Claiming<'h> {
+    /// How long a claim covers (counting the first attempt).
+    pub span: Duration,
+    /// Where each delivery goes as soon as its claim lands, so that it
+    /// starts before the step's other writes (else: in [`Step::deliver`]).
+    pub hand: Option<&'h (dyn Fn(ToDeliver) + Send + Sync)>,
 }
 
 /// What one dispatcher step did and what it leaves to do.
@@ -33,6 +48,8 @@ pub struct ToDeliver {
 pub struct Step {
     /// Granted tickets not yet delivered (recorded now or before).
     pub deliver: Vec<ToDeliver>,
+    /// Deliveries handed out as they were claimed ([`Claiming::hand`]).
+    pub handed: usize,
     /// When the pool next needs a step without any write to it: a lease
     /// expiry while async tickets wait, or a ticket's wait ending (Unix ms).
     pub wake_ms: Option<u64>,
@@ -93,8 +110,8 @@ impl Service {
 
     /// [`Service::dispatch_step`] for a caller that delivers what it hands
     /// out at once: each grant's delivery claim (for `claim_for`, and
-    /// counting its first attempt) is taken as soon as the grant is
-    /// recorded, side by side, so that no other dispatcher's step hands out
+    /// counting its first attempt) is taken in the write that records the
+    /// grant, side by side, so that no other dispatcher's step hands out
     /// the same delivery meanwhile; a grant whose claim another holds is
     /// not handed out.
     pub async fn dispatch_step_to_deliver(
@@ -104,14 +121,32 @@ impl Service {
         claim_for: Duration,
         call: &mut Budget,
     ) -> Result<Step, Error> {
-        self.step_pool(key, delivering, Some(claim_for), call).await
+        let claiming = Claiming {
+            span: claim_for,
+            hand: None,
+        };
+        self.step_pool(key, delivering, Some(claiming), call).await
+    }
+
+    /// [`Service::dispatch_step_to_deliver`] as `claiming` says: with its
+    /// `hand`, each delivery is handed to it as soon as it is claimed,
+    /// before the step's other writes (counted in [`Step::handed`], not
+    /// listed in [`Step::deliver`]).
+    pub async fn dispatch_step_claiming(
+        &self,
+        key: &PoolKey,
+        delivering: &[LeaseDigest],
+        claiming: Claiming<'_>,
+        call: &mut Budget,
+    ) -> Result<Step, Error> {
+        self.step_pool(key, delivering, Some(claiming), call).await
     }
 
     async fn step_pool(
         &self,
         key: &PoolKey,
         delivering: &[LeaseDigest],
-        claim_for: Option<Duration>,
+        claiming: Option<Claiming<'_>>,
         call: &mut Budget,
     ) -> Result<Step, Error> {
         // A claim lasts seconds: a ticket found claimed is left be for the
@@ -135,7 +170,7 @@ impl Service {
                 leave: &mut leave,
             };
             match self
-                .round(&mut ctx, tickets, claim_for, record.clone(), round)
+                .round(&mut ctx, tickets, claiming, record.clone(), round)
                 .await
             {
                 Ok((next, Next::Again)) => record = next,
@@ -152,7 +187,7 @@ impl Service {
                 // Deliveries it claimed are made whatever failed after: a
                 // step soon does the rest (unclaimed, a later step hands
                 // them out again, as it does after a crash).
-                Err(err) if step.deliver.iter().any(|d| d.claim.is_some()) => {
+                Err(err) if step.handed > 0 || step.deliver.iter().any(|d| d.claim.is_some()) => {
                     tracing::warn!(error = %err, "a step failed after claiming deliveries");
                     cut_short = true;
                     break;
@@ -176,14 +211,14 @@ impl Service {
         Ok(step)
     }
 
-    /// One round of a step: a prune of dead waiters in the backlog's way, an
-    /// admission, a hand-off owed to async tickets, or a visit of the listed
-    /// tickets. The record after it, and how it ended.
+    /// One round of a step: a prune of dead waiters in the backlog's way, or
+    /// a hand-off owed to async tickets, or a visit of the listed tickets and
+    /// then an admission. The record after it, and how it ended.
     async fn round(
         &self,
         ctx: &mut Harness<'_>,
         tickets: &dyn TicketStore,
-        claim_for: Option<Duration>,
+        claiming: Option<Claiming<'_>>,
         record: Record,
         round: Round<'_>,
     ) -> Result<(Record, Next), Error> {
@@ -196,9 +231,6 @@ impl Service {
             let pruned = write(ctx, key, &record, &update, round.lost).await?;
             return Ok((pruned, Next::Again));
         }
-        if let Some(admitted) = admit(ctx, key, &record, self.limits.max_waiters).await? {
-            return Ok((admitted, Next::Again));
-        }
         let async_queued = record
             .pool
             .queue()
@@ -210,25 +242,34 @@ impl Service {
                 return Ok((served, Next::Again));
             }
         }
-        // Listed async tickets: granted, or out of the queue ungranted.
-        Ok(self
-            .visit_listed(ctx, tickets, claim_for, record, round)
-            .await)
+        // Listed async tickets: granted, or out of the queue ungranted. Before
+        // admission, whose backlog read and write a grant need not wait for
+        // (a return that handed its slot on left the queue room).
+        let (record, next) = self
+            .visit_listed(ctx, tickets, claiming, record, round)
+            .await;
+        if matches!(next, Next::Partly(_)) {
+            return Ok((record, next));
+        }
+        match admit(ctx, key, &record, self.limits.max_waiters).await? {
+            Some(admitted) => Ok((admitted, Next::Again)),
+            None => Ok((record, next)),
+        }
     }
 
     /// Visits the listed async tickets (but those it leaves be): the record
     /// after the round's writes, and how the round ended (`Again` when it
     /// unlisted some). The
     /// tickets are items of their own: they are read side by side, the
-    /// grants handed to them recorded side by side (and, with `claim_for`,
-    /// claimed at once, side by side); the tickets that ended leave the list
+    /// grants handed to them recorded side by side (and, with `claiming`,
+    /// claimed in the same writes); the tickets that ended leave the list
     /// in one write of the pool. A ticket whose call failed is left for a
     /// later step, the others done, and the first failure reported after.
     async fn visit_listed(
         &self,
         ctx: &mut Harness<'_>,
         tickets: &dyn TicketStore,
-        claim_for: Option<Duration>,
+        claiming: Option<Claiming<'_>>,
         mut record: Record,
         round: Round<'_>,
     ) -> (Record, Next) {
@@ -301,37 +342,69 @@ impl Service {
         let (grants, moved): (Vec<_>, Vec<_>) = grants
             .into_iter()
             .partition(|(item, grant, _)| item.state.may_become(&TicketState::Granted(*grant)));
-        let recorded = ctx
-            .side_by_side(grants.iter().map(|(item, grant, _)| async move {
-                let granted = TicketState::Granted(*grant);
-                tickets
-                    .set_ticket_state(key, item.digest(), &item.state, &granted)
-                    .await
-            }))
-            .await;
+        // Granted but undelivered, found this round: with `claiming`, claimed
+        // beside the grants' writes.
+        let redeliver = step.deliver.split_off(handed);
         let mut not_recorded = Vec::new();
-        for ((item, grant, live), outcome) in grants.into_iter().zip(recorded) {
-            match outcome {
-                Ok(TicketUpdated::Written(item)) => step.deliver.push(ToDeliver {
-                    item,
-                    grant,
-                    claim: None,
-                }),
-                Ok(TicketUpdated::Lost(now_as)) => not_recorded.push((now_as, live)),
-                Ok(TicketUpdated::Gone) => not_recorded.push((item, live)),
-                Err(err) => {
-                    failed.get_or_insert(err.into());
+        match claiming {
+            Some(claiming) => {
+                // Under way whatever their claims' outcome: left be by the
+                // step's later rounds.
+                leave.extend(redeliver.iter().map(|d| d.item.digest()));
+                let recorded = self
+                    .record_and_claim(ctx, tickets, key, claiming.span, grants, redeliver)
+                    .await;
+                for outcome in recorded {
+                    match outcome {
+                        Claimed::Deliver(delivery) => {
+                            leave.push(delivery.item.digest());
+                            match claiming.hand {
+                                Some(hand) => {
+                                    step.handed += 1;
+                                    hand(delivery);
+                                }
+                                None => step.deliver.push(delivery),
+                            }
+                        }
+                        Claimed::Elsewhere(digest, until_ms) => {
+                            leave.push(digest);
+                            step.claimed_elsewhere.push((digest, until_ms));
+                            step.claim_lapses_ms =
+                                Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
+                        }
+                        Claimed::NotRecorded(item, live) => not_recorded.push((item, live)),
+                        Claimed::Passed => {}
+                        Claimed::Failed(err) => {
+                            failed.get_or_insert(err);
+                        }
+                    }
+                }
+            }
+            None => {
+                step.deliver.extend(redeliver);
+                let recorded = ctx
+                    .side_by_side(grants.iter().map(|(item, grant, _)| {
+                        tickets.record_grant(key, item.digest(), &item.state, *grant, None)
+                    }))
+                    .await;
+                for ((item, grant, live), outcome) in grants.into_iter().zip(recorded) {
+                    match outcome {
+                        Ok(TicketUpdated::Written(item)) => step.deliver.push(ToDeliver {
+                            item,
+                            grant,
+                            claim: None,
+                            checked: None,
+                        }),
+                        Ok(TicketUpdated::Lost(now_as)) => not_recorded.push((now_as, live)),
+                        Ok(TicketUpdated::Gone) => not_recorded.push((item, live)),
+                        Err(err) => {
+                            failed.get_or_insert(err.into());
+                        }
+                    }
                 }
             }
         }
         not_recorded.extend(moved.into_iter().map(|(item, _, live)| (item, live)));
-        // Claimed before any other write, so that other dispatchers' steps
-        // find them claimed as early as can be.
-        if let Some(claim_for) = claim_for {
-            if let Err(err) = claim(ctx, tickets, key, claim_for, handed, step, leave).await {
-                failed.get_or_insert(err);
-            }
-        }
         for (item, live) in not_recorded {
             let digest = item.digest();
             // Cancelled or expired before its grant was recorded: nobody
@@ -411,6 +484,7 @@ impl Service {
                     grant,
                     item,
                     claim: None,
+                    checked: None,
                 });
                 false
             }
@@ -441,6 +515,7 @@ impl Service {
                             grant,
                             item,
                             claim: None,
+                            checked: None,
                         });
                         false
                     }
@@ -471,60 +546,6 @@ impl Service {
     }
 }
 
-/// Claims the deliveries a round handed out (`step.deliver[handed..]`) for
-/// `claim_for`, side by side; those whose claim another holds (or whose
-/// ticket moved on) are left out, and looked at again when that claim lapses.
-/// Either way they are under way: the step's later rounds `leave` them be.
-async fn claim(
-    ctx: &mut Harness<'_>,
-    tickets: &dyn TicketStore,
-    key: &PoolKey,
-    claim_for: Duration,
-    handed: usize,
-    step: &mut Step,
-    leave: &mut Vec<LeaseDigest>,
-) -> Result<(), Error> {
-    let fresh = step.deliver.split_off(handed);
-    leave.extend(fresh.iter().map(|d| d.item.digest()));
-    let now = now_ms();
-    let claims: Vec<DeliveryClaim> = fresh
-        .iter()
-        .map(|_| DeliveryClaim {
-            by: fastrand::u64(..),
-            until_ms: now + claim_for.as_millis() as u64,
-        })
-        .collect();
-    let outcomes = ctx
-        .side_by_side(fresh.iter().zip(&claims).map(|(d, claim)| {
-            tickets.claim_attempt(key, d.item.digest(), d.grant.fence, *claim, now)
-        }))
-        .await;
-    let mut failed = None;
-    for ((delivery, claim), outcome) in fresh.into_iter().zip(claims).zip(outcomes) {
-        match outcome {
-            Ok(TicketUpdated::Written(item)) => step.deliver.push(ToDeliver {
-                item,
-                claim: Some(claim),
-                ..delivery
-            }),
-            Ok(TicketUpdated::Lost(item)) => {
-                if let Some(other) = item.claim.filter(|c| c.until_ms > now) {
-                    let at = other.until_ms;
-                    step.claimed_elsewhere.push((item.digest(), at));
-                    step.claim_lapses_ms = Some(step.claim_lapses_ms.map_or(at, |w| w.min(at)));
-                }
-            }
-            Ok(TicketUpdated::Gone) => {}
-            // Unknown whether it landed: if it did, its claim lapses and a
-            // later step hands the delivery out again.
-            Err(err) => {
-                failed.get_or_insert(err.into());
-            }
-        }
-    }
-    failed.map_or(Ok(()), Err)
-}
-
 impl Step {
     /// The step's outcome from the pool as it leaves it: each grant to
     /// deliver once, the pool's flag and depth, and when to step again.
@@ -546,7 +567,7 @@ impl Step {
             let expiry = pool.nth_expiry(1, now);
             self.wake_ms = waiting_asyncs.into_iter().chain(expiry).min();
         }
-        if !self.deliver.is_empty() {
+        if !self.deliver.is_empty() || self.handed > 0 {
             // Deliveries under way end within the bound; a step then unlists
             // them (or delivers again what a crash cut short).
             let soon = now + 30_000;

@@ -22,7 +22,7 @@ use crate::domain::{
     Callback, DeliveryClaim, Holder, LeaseDigest, TicketGrant, TicketItem, TicketState,
 };
 use crate::keys::PoolKey;
-use crate::store::{PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated};
+use crate::store::{may_move, PutTicket, StoreError, StoreErrorKind, TicketStore, TicketUpdated};
 
 /// A ticket item outlives its wait by this long, for its status to be read.
 const KEPT_S: u64 = 7 * 24 * 3600;
@@ -213,6 +213,22 @@ impl DynamoDbStore {
         self.record(out.consumed_capacity());
         Ok((out.items().to_vec(), out.last_evaluated_key().cloned()))
     }
+
+    /// A ticket's conditional write: the item after it, or as it is.
+    async fn moved(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        call: Expression,
+    ) -> Result<TicketUpdated, StoreError> {
+        Ok(
+            match self.update_item(ticket_key(key, digest), call).await? {
+                Written::Now(item) => TicketUpdated::Written(decode(&item)?),
+                Written::Lost(Some(item)) => TicketUpdated::Lost(decode(&item)?),
+                Written::Lost(None) => TicketUpdated::Gone,
+            },
+        )
+    }
 }
 
 #[async_trait]
@@ -274,31 +290,20 @@ impl TicketStore for DynamoDbStore {
         from: &TicketState,
         to: &TicketState,
     ) -> Result<TicketUpdated, StoreError> {
-        let mut sets = vec!["#st = :to".to_string()];
-        let mut names = HashMap::from([("#st".to_string(), STATE.to_string())]);
-        let mut values = HashMap::from([
-            (":from".to_string(), string(from.name())),
-            (":to".to_string(), string(to.name())),
-        ]);
-        for (i, (name, value)) in state_attributes(to).into_iter().enumerate() {
-            sets.push(format!("#a{i} = :a{i}"));
-            names.insert(format!("#a{i}"), name.to_string());
-            values.insert(format!(":a{i}"), value);
-        }
-        let call = Expression {
-            update: format!("SET {}", sets.join(", ")),
-            // A state is entered once per ticket, so its name is enough.
-            condition: "#st = :from".to_string(),
-            names,
-            values,
-        };
-        Ok(
-            match self.update_item(ticket_key(key, digest), call).await? {
-                Written::Now(item) => TicketUpdated::Written(decode(&item)?),
-                Written::Lost(Some(item)) => TicketUpdated::Lost(decode(&item)?),
-                Written::Lost(None) => TicketUpdated::Gone,
-            },
-        )
+        self.moved(key, digest, moving(from, to, None)).await
+    }
+
+    async fn record_grant(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        from: &TicketState,
+        grant: TicketGrant,
+        claim: Option<DeliveryClaim>,
+    ) -> Result<TicketUpdated, StoreError> {
+        let granted = TicketState::Granted(grant);
+        may_move(from, &granted)?;
+        self.moved(key, digest, moving(from, &granted, claim)).await
     }
 
     async fn claim_attempt(
@@ -383,6 +388,43 @@ impl TicketStore for DynamoDbStore {
             self.delete_keys(&keys, "ticket").await?;
             removed += keys.len();
         }
+    }
+}
+
+/// A ticket's move from `from` to `to` (conditioned on `from`'s name: a
+/// state is entered once per ticket), with `claim` taken and counted in the
+/// same write.
+fn moving(from: &TicketState, to: &TicketState, claim: Option<DeliveryClaim>) -> Expression {
+    let mut sets = vec!["#st = :to".to_string()];
+    let mut names = HashMap::from([("#st".to_string(), STATE.to_string())]);
+    let mut values = HashMap::from([
+        (":from".to_string(), string(from.name())),
+        (":to".to_string(), string(to.name())),
+    ]);
+    for (i, (name, value)) in state_attributes(to).into_iter().enumerate() {
+        sets.push(format!("#a{i} = :a{i}"));
+        names.insert(format!("#a{i}"), name.to_string());
+        values.insert(format!(":a{i}"), value);
+    }
+    let mut update = format!("SET {}", sets.join(", "));
+    if let Some(claim) = claim {
+        update = format!("{update}, #cb = :by, #cl = :until ADD #n :one");
+        names.extend([
+            ("#cb".to_string(), CLAIMED_BY.to_string()),
+            ("#cl".to_string(), CLAIMED_UNTIL.to_string()),
+            ("#n".to_string(), ATTEMPTS.to_string()),
+        ]);
+        values.extend([
+            (":by".to_string(), number(claim.by)),
+            (":until".to_string(), number(claim.until_ms)),
+            (":one".to_string(), number(1)),
+        ]);
+    }
+    Expression {
+        update,
+        condition: "#st = :from".to_string(),
+        names,
+        values,
     }
 }
 
