@@ -38,6 +38,7 @@ on_both_stores!(
     a_step_with_one_unreadable_ticket_hands_out_the_others,
     a_delivery_uses_the_claim_its_step_took,
     a_delivery_starts_as_its_step_claims_it_and_begins_from_the_steps_read,
+    a_step_that_hands_out_goes_on_while_a_free_slot_is_owed,
     dead_waiters_filling_the_queue_do_not_stall_the_backlog,
     deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_lapse,
     a_pool_settles_when_its_async_work_is_done,
@@ -818,6 +819,53 @@ async fn a_delivery_starts_as_its_step_claims_it_and_begins_from_the_steps_read(
         assert!(!changed.expect("joined"));
     }
     assert_eq!(got.lock().expect("lock").len(), 3);
+}
+
+/// A step that hands its deliveries out as it goes ends with the round that
+/// handed some, unless that round left a free slot owed to the queue: then
+/// it serves and hands that one out too (no other write would wake it).
+async fn a_step_that_hands_out_goes_on_while_a_free_slot_is_owed(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let api = ApiClient {
+        service: service_over(store.clone(), tickets.clone(), Limits::default()),
+    };
+    let (url, _got) = receiver(200).await;
+    let pool = pool_id();
+    api.register(&pool, 2).await;
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    let (first, second) = (lease(), lease());
+    let (status, _) = enqueue(&api, &pool, &first, &url, 600.0).await;
+    assert_eq!(status, 202);
+    // A stream batch's step: the first ticket admitted, served and
+    // recorded granted, its delivery handed on (here: dropped).
+    let step = api
+        .service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert_eq!(step.deliver.len(), 1, "{step:?}");
+    // The second waits in the backlog; the other slot is free.
+    let (status, _) = enqueue(&api, &pool, &second, &url, 600.0).await;
+    assert_eq!(status, 202);
+    let handed: Mutex<Vec<LeaseDigest>> = Mutex::default();
+    let hand = |delivery: ToDeliver| handed.lock().expect("lock").push(delivery.item.digest());
+    let claiming = Claiming {
+        span: Duration::from_secs(10),
+        hand: Some(&hand),
+    };
+    // Its first round hands the first out and admits the second, which the
+    // free slot is then owed to.
+    let step = api
+        .service
+        .dispatch_step_claiming(&key, &[], claiming, &mut Budget::new(None))
+        .await
+        .expect("step");
+    assert_eq!(step.handed, 2, "{step:?}");
+    let mut handed = handed.into_inner().expect("lock");
+    handed.sort();
+    let mut both = [&first, &second].map(|l| LeaseId(l.parse().expect("uuid")).digest());
+    both.sort();
+    assert_eq!(handed, both);
 }
 
 /// Sync waiters whose requests died without a cancel, filling the queue,

@@ -161,7 +161,9 @@ impl Service {
         let mut step = Step::default();
         let mut cut_short = false;
         // Each round writes at most once; a pool settles in a few.
+        let handing = claiming.is_some_and(|c| c.hand.is_some());
         for _ in 0..64 {
+            let handed = step.handed;
             let round = Round {
                 key,
                 now: now_ms(),
@@ -173,7 +175,18 @@ impl Service {
                 .round(&mut ctx, tickets, claiming, record.clone(), round)
                 .await
             {
-                Ok((next, Next::Again)) => record = next,
+                Ok((next, Next::Again)) => {
+                    record = next;
+                    // A step that hands its deliveries out as it goes ends
+                    // with the round that handed some, unless a free slot is
+                    // owed to the queue: grants made since by other writes
+                    // sent wakes of their own, and its invocation (a wake
+                    // queue poller's) is wanted for them.
+                    if handing && step.handed > handed && record.pool.plan_serve(now_ms()).is_none()
+                    {
+                        break;
+                    }
+                }
                 Ok((next, Next::Done)) => {
                     record = next;
                     break;
