@@ -17,6 +17,7 @@ mod delivery;
 mod enqueue;
 mod step;
 mod ticket;
+mod visit;
 
 pub(in crate::service) use admit::admit;
 pub use admit::ASYNC_WINDOW;

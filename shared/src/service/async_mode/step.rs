@@ -68,12 +68,12 @@ pub struct Step {
 /// One round of a step over the listed tickets: the pool's key, the round's
 /// time, the step's findings, its lost writes in a row, and the tickets it
 /// leaves be (their deliveries under way: the caller's, or claimed).
-struct Round<'r> {
-    key: &'r PoolKey,
-    now: u64,
-    step: &'r mut Step,
-    lost: &'r mut u32,
-    leave: &'r mut Vec<LeaseDigest>,
+pub(super) struct Round<'r> {
+    pub(super) key: &'r PoolKey,
+    pub(super) now: u64,
+    pub(super) step: &'r mut Step,
+    pub(super) lost: &'r mut u32,
+    pub(super) leave: &'r mut Vec<LeaseDigest>,
 }
 
 /// How soon a step that could not finish (a store call failed after it
@@ -455,107 +455,6 @@ impl Service {
             Some(err) => (record, Next::Partly(err)),
             None => (record, next),
         }
-    }
-
-    /// Makes the writes `ticket_step` (what [`Pool::ticket_step`] says of
-    /// the listed ticket of `digest`, whose item is `item`) names, but a
-    /// grant to record: the record after them, and whether the ticket ended
-    /// (then it is unlisted).
-    async fn visit(
-        &self,
-        ctx: &mut Harness<'_>,
-        round: Round<'_>,
-        mut record: Record,
-        digest: LeaseDigest,
-        item: TicketItem,
-        ticket_step: TicketStep,
-    ) -> Result<(Record, bool), Error> {
-        let Round {
-            key,
-            now,
-            step,
-            lost,
-            leave,
-        } = round;
-        let ended = match ticket_step {
-            // Ended ungranted (cancelled or expired) while a slot
-            // was being handed to it, or failed with its lease not
-            // yet returned (that write failed): nobody holds it.
-            TicketStep::ReturnThenUnlist => {
-                if let ReturnPlan::Return(_, update) = record.pool.plan_return(digest, now) {
-                    record = write(ctx, key, &record, &update, lost).await?;
-                }
-                true
-            }
-            // Ended: no longer the pool's business.
-            TicketStep::Unlist => true,
-            // Granted, not yet delivered (delivery under way, or cut
-            // short by a crash): listed until it ends, so that a
-            // later step delivers it again.
-            TicketStep::Redeliver(grant) => {
-                step.deliver.push(ToDeliver {
-                    grant,
-                    item,
-                    claim: None,
-                    checked: None,
-                });
-                false
-            }
-            // Another dispatcher's attempt is under way: its own.
-            TicketStep::Claimed { until_ms } => {
-                leave.push(digest);
-                step.claimed_elsewhere.push((digest, until_ms));
-                step.claim_lapses_ms =
-                    Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
-                false
-            }
-            // Its lease ended undelivered: nobody holds the slot to return.
-            // Decided from the pool as read before the ticket, which another
-            // dispatcher may have granted since: read the pool again first.
-            TicketStep::Fail(_) => {
-                let Some(fresh) = ctx.load(key).await? else {
-                    return Ok((record, false));
-                };
-                record = fresh;
-                match record.pool.ticket_step(&item, now_ms()) {
-                    TicketStep::Fail(reason) => {
-                        self.move_ticket(ctx, key, item, TicketState::Failed { reason })
-                            .await?;
-                        true
-                    }
-                    TicketStep::Redeliver(grant) => {
-                        step.deliver.push(ToDeliver {
-                            grant,
-                            item,
-                            claim: None,
-                            checked: None,
-                        });
-                        false
-                    }
-                    _ => false,
-                }
-            }
-            // Recorded side by side by the caller.
-            TicketStep::Record { .. } => false,
-            // Waits in the queue: ends when its wait does.
-            TicketStep::Wait => false,
-            TicketStep::Expire { index } => {
-                self.move_ticket(ctx, key, item, TicketState::Expired)
-                    .await?;
-                let update = record.pool.plan_cancel(&record.pool.queue()[index].holder);
-                if let Some(update) = update {
-                    record = write(ctx, key, &record, &update, lost).await?;
-                }
-                true
-            }
-            // Left the queue ungranted: pruned as dead, or its lease
-            // id returned (a cancel by return).
-            TicketStep::End(end) => {
-                self.move_ticket(ctx, key, item, end).await?;
-                true
-            }
-        };
-        Ok((record, ended))
     }
 }
 
