@@ -230,7 +230,6 @@ async fn a_ticket_ends_exactly_once(backend: Backend) {
     }
 }
 
-/// The delivery claim: one attempt in flight per ticket across dispatchers.
 /// A grant recorded with its first attempt's claim is one write: the
 /// ticket granted, claimed and its attempt counted; a second dispatcher's
 /// record of the same grant finds it granted already and leaves its claim
@@ -290,6 +289,7 @@ async fn a_grant_is_recorded_with_its_first_claim_once(backend: Backend) {
     assert_eq!(err.kind, StoreErrorKind::Corrupt);
 }
 
+/// The delivery claim: one attempt in flight per ticket across dispatchers.
 /// Taken only while the ticket holds that grant, refused while another's
 /// claim is live, renewed by its holder, taken over once it lapsed; every
 /// claim counts an attempt.

@@ -214,26 +214,19 @@ impl Dispatcher {
     /// have changed for it (a failed delivery returns its lease), so that
     /// the caller steps it again.
     pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) -> bool {
-        let ToDeliver {
-            item,
-            grant,
-            claim,
-            checked,
-        } = delivery;
-        let first = claim.map(|claim| (claim, checked));
-        let changed = self.deliver_once(key, &item, grant, first).await;
+        let ToDeliver { item, grant, claim } = delivery;
+        let changed = self.deliver_once(key, &item, grant, claim).await;
         self.in_flight().remove(&(key, item.digest()));
         changed
     }
 
-    /// `taken`: the claim its step took for the first attempt, if any, and
-    /// what the pool the step read beside it said, if it read it.
+    /// `taken`: the claim its step took for the first attempt, if any.
     async fn deliver_once(
         &self,
         key: PoolKey,
         item: &TicketItem,
         grant: TicketGrant,
-        mut taken: Option<(DeliveryClaim, Option<Result<(), String>>)>,
+        mut taken: Option<DeliveryClaim>,
     ) -> bool {
         let Some(callback) = item.callback.clone() else {
             return false;
@@ -244,9 +237,7 @@ impl Dispatcher {
                 .saturating_add(self.bound.as_millis() as u64),
         );
         // This delivery's claim on the ticket: renewed before each attempt.
-        let by = taken
-            .as_ref()
-            .map_or_else(|| fastrand::u64(..), |(claim, _)| claim.by);
+        let by = taken.map_or_else(|| fastrand::u64(..), |claim| claim.by);
         let mut last = String::from("no attempt");
         let mut attempt = 0u32;
         let mut made = 0u32;
@@ -261,17 +252,14 @@ impl Dispatcher {
             let nap = self.retry.pause(attempt);
             // The step's claim serves the first attempt while it covers it
             // (the pool's read, the attempt, the pause after it).
-            let first = taken.take().filter(|(claim, _)| {
+            let first = taken.take().filter(|claim| {
                 let rest = self.claim_span(nap) - self.service.timing().call_timeout;
                 now + rest.as_millis() as u64 <= claim.until_ms
             });
             let (claim, begin) = match first {
-                // The pool as the step read it beside the claim.
-                Some((claim, Some(checked))) => (
-                    claim,
-                    self.service.begin_checked(&key, item, grant, checked).await,
-                ),
-                Some((claim, None)) => (claim, self.service.begin_claimed(&key, item, grant).await),
+                // The pool's read after the claim, right before the POST:
+                // a lease returned since the step read the pool is seen.
+                Some(claim) => (claim, self.service.begin_claimed(&key, item, grant).await),
                 None => {
                     let claim = DeliveryClaim {
                         by,

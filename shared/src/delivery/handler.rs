@@ -42,7 +42,8 @@ const ROUND: Duration = Duration::from_secs(DELIVERY_BOUND.as_secs() + 10);
 /// must not be left unmade for want of time).
 const STEP: Duration = Duration::from_secs(10);
 
-/// Rounds per pool and invocation (each delivers what the last step granted).
+/// Rounds per pool and invocation at most: another round only after a
+/// delivery failed (its lease returned, the slot handed on).
 const ROUNDS: usize = 16;
 
 /// The dispatcher function's state, built once at init (cloned into each
@@ -179,9 +180,9 @@ impl Handler {
     }
 
     /// Steps the pool and arms its next wake; from the wake queue, makes its
-    /// deliveries side by side as the wake is armed, round after round while
-    /// they leave work and time; from the stream, hands them to the wake
-    /// queue.
+    /// deliveries side by side, each started as the step claims it, and
+    /// steps again only while a delivery failed and time is left; from the
+    /// stream, hands them to the wake queue.
     /// `handled`: the wakes of it being handled (they may arrive early, and
     /// are no longer pending).
     async fn run_pool(

@@ -1,7 +1,6 @@
 //! A step's claims, for a caller that delivers what the step hands out at
 //! once: each grant recorded with its first attempt claimed in one write,
-//! grants recorded before claimed again, and the pool read beside them, so
-//! that each first attempt begins without another call.
+//! and grants recorded before claimed again, side by side.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,9 +12,8 @@ use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::service::harness::Harness;
 use crate::service::Service;
-use crate::store::{Record, StoreError, TicketStore, TicketUpdated};
+use crate::store::{StoreError, TicketStore, TicketUpdated};
 
-use super::delivery::undeliverable;
 use super::step::ToDeliver;
 
 /// What became of a grant recorded, or a delivery claimed, by a step that
@@ -33,20 +31,14 @@ pub(super) enum Claimed {
     Failed(Error),
 }
 
-/// A call of [`Service::record_and_claim`]'s: on a ticket, or the pool's read.
-enum Call {
-    Ticket(TicketUpdated),
-    Pool(Option<Record>),
-}
-
-type CallFuture<'c> = Pin<Box<dyn Future<Output = Result<Call, StoreError>> + Send + 'c>>;
+type CallFuture<'c> = Pin<Box<dyn Future<Output = Result<TicketUpdated, StoreError>> + Send + 'c>>;
 
 impl Service {
     /// Records `grants` with their first attempts claimed in the same
-    /// writes, claims the `redeliver`ies' next attempts, and reads the pool
-    /// beside them, all side by side: each delivery's first attempt then
-    /// begins from that read, as [`Service::begin_attempt`] would from its
-    /// own (the claim and the read side by side), without another call.
+    /// writes, and claims the `redeliver`ies' next attempts, side by side.
+    /// (Each first attempt still reads the pool after its claim, right
+    /// before its POST: a read beside the claim, done as the round's writes
+    /// all end, let a lease returned meanwhile be delivered.)
     pub(super) async fn record_and_claim(
         &self,
         ctx: &mut Harness<'_>,
@@ -73,7 +65,6 @@ impl Service {
                 tickets
                     .record_grant(key, item.digest(), &item.state, *grant, Some(*claim))
                     .await
-                    .map(Call::Ticket)
             }));
         }
         for (delivery, claim) in redeliver.iter().zip(&redeliver_claims) {
@@ -82,60 +73,32 @@ impl Service {
                 tickets
                     .claim_attempt(key, digest, delivery.grant.fence, *claim, now)
                     .await
-                    .map(Call::Ticket)
             }));
         }
-        if calls.is_empty() {
-            return Vec::new();
-        }
-        calls.push(Box::pin(async move {
-            self.store.load(key).await.map(Call::Pool)
-        }));
-        let mut outcomes = ctx.side_by_side(calls).await;
-        // Unread (its call failed): each first attempt reads the pool itself.
-        let read = match outcomes.pop() {
-            Some(Ok(Call::Pool(record))) => Some(record),
-            _ => None,
-        };
-        let checked = |item: &TicketItem, grant: &TicketGrant| {
-            read.as_ref().map(|record| {
-                match undeliverable(record.as_ref(), item, grant, now_ms()) {
-                    None => Ok(()),
-                    Some(reason) => Err(reason),
-                }
-            })
-        };
+        let outcomes = ctx.side_by_side(calls).await;
         let mut outcomes = outcomes.into_iter();
         let mut claimed = Vec::new();
         for ((item, grant, live), claim) in grants.into_iter().zip(grant_claims) {
             claimed.push(match outcomes.next() {
-                Some(Ok(Call::Ticket(TicketUpdated::Written(item)))) => {
-                    Claimed::Deliver(ToDeliver {
-                        checked: checked(&item, &grant),
-                        item,
-                        grant,
-                        claim: Some(claim),
-                    })
-                }
-                Some(Ok(Call::Ticket(TicketUpdated::Lost(now_as)))) => {
-                    Claimed::NotRecorded(now_as, live)
-                }
-                Some(Ok(Call::Ticket(TicketUpdated::Gone))) => Claimed::NotRecorded(item, live),
+                Some(Ok(TicketUpdated::Written(item))) => Claimed::Deliver(ToDeliver {
+                    item,
+                    grant,
+                    claim: Some(claim),
+                }),
+                Some(Ok(TicketUpdated::Lost(now_as))) => Claimed::NotRecorded(now_as, live),
+                Some(Ok(TicketUpdated::Gone)) => Claimed::NotRecorded(item, live),
                 Some(Err(err)) => Claimed::Failed(err.into()),
-                Some(Ok(Call::Pool(_))) | None => Claimed::Passed,
+                None => Claimed::Passed,
             });
         }
         for (delivery, claim) in redeliver.into_iter().zip(redeliver_claims) {
             claimed.push(match outcomes.next() {
-                Some(Ok(Call::Ticket(TicketUpdated::Written(item)))) => {
-                    Claimed::Deliver(ToDeliver {
-                        checked: checked(&item, &delivery.grant),
-                        item,
-                        claim: Some(claim),
-                        ..delivery
-                    })
-                }
-                Some(Ok(Call::Ticket(TicketUpdated::Lost(item)))) => {
+                Some(Ok(TicketUpdated::Written(item))) => Claimed::Deliver(ToDeliver {
+                    item,
+                    claim: Some(claim),
+                    ..delivery
+                }),
+                Some(Ok(TicketUpdated::Lost(item))) => {
                     match item.claim.filter(|c| c.until_ms > now) {
                         Some(other) => Claimed::Elsewhere(item.digest(), other.until_ms),
                         None => Claimed::Passed,

@@ -112,21 +112,6 @@ impl Service {
         self.begin_from(&mut ctx, key, item, grant, record).await
     }
 
-    /// [`Service::begin_claimed`] for an attempt whose pool was read beside
-    /// its claim (by the step): `checked` is what that read said.
-    pub async fn begin_checked(
-        &self,
-        key: &PoolKey,
-        item: &TicketItem,
-        grant: TicketGrant,
-        checked: Result<(), String>,
-    ) -> Result<Begin, Error> {
-        let mut call = Budget::default();
-        let mut ctx = self.ctx(&mut call, Duration::ZERO);
-        self.begin_unless(&mut ctx, key, item, grant, checked.err())
-            .await
-    }
-
     /// Whether the claimed attempt starts, from the pool as read (`None`:
     /// gone): not once the grant's lease was returned or expired, or its
     /// pool deleted (the ticket then fails, saying why).
@@ -138,21 +123,7 @@ impl Service {
         grant: TicketGrant,
         record: Option<Record>,
     ) -> Result<Begin, Error> {
-        let gone = undeliverable(record.as_ref(), item, &grant, now_ms());
-        self.begin_unless(ctx, key, item, grant, gone).await
-    }
-
-    /// The attempt starts unless `gone` says why it cannot (the ticket then
-    /// fails for that reason).
-    async fn begin_unless(
-        &self,
-        ctx: &mut Harness<'_>,
-        key: &PoolKey,
-        item: &TicketItem,
-        grant: TicketGrant,
-        gone: Option<String>,
-    ) -> Result<Begin, Error> {
-        let Some(reason) = gone else {
+        let Some(reason) = undeliverable(record.as_ref(), item, &grant, now_ms()) else {
             return Ok(Begin::Go);
         };
         let ended = self.fail_granted(ctx, key, item, grant, reason).await?;
@@ -165,7 +136,7 @@ impl Service {
 
 /// Why the grant `grant` of the ticket of `item` can no longer be delivered
 /// at `now_ms`, from its pool as read (`None`: gone), if so.
-pub(super) fn undeliverable(
+fn undeliverable(
     record: Option<&Record>,
     item: &TicketItem,
     grant: &TicketGrant,

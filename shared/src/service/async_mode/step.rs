@@ -1,6 +1,6 @@
-//! The dispatcher's step on one pool: admission, hand-offs owed to async
-//! tickets, their grants recorded, tickets that left the queue ungranted
-//! ended, and when to look again. What to do with each listed ticket is
+//! The dispatcher's step on one pool: hand-offs owed to async tickets,
+//! their grants recorded, tickets that left the queue ungranted ended,
+//! admission, and when to look again. What to do with each listed ticket is
 //! [`Pool::ticket_step`]'s; the writes it names are made here.
 
 use std::time::Duration;
@@ -27,9 +27,6 @@ pub struct ToDeliver {
     /// The delivery claim the step took for its first attempt, if the step
     /// was made for a caller that delivers at once.
     pub claim: Option<DeliveryClaim>,
-    /// With `claim`: the pool as the step read it beside the claim, if it
-    /// did: whether the first attempt may start (else why the ticket fails).
-    pub checked: Option<Result<(), String>>,
 }
 
 /// How a step made for a caller that delivers at once claims what it hands
@@ -93,9 +90,9 @@ enum Next {
 
 impl Service {
     /// The dispatcher's work on one pool after a change (or at a wake):
-    /// admits backlog tickets, hands free slots owed to async tickets at the
-    /// head, records their grants, ends tickets that left the queue
-    /// ungranted, and says when to look again. Delivery is the caller's.
+    /// hands free slots owed to async tickets at the head, records their
+    /// grants, ends tickets that left the queue ungranted, admits backlog
+    /// tickets, and says when to look again. Delivery is the caller's.
     ///
     /// `delivering`: the tickets whose delivery the caller is making; they
     /// are left be (their delivery's end records them).
@@ -160,10 +157,11 @@ impl Service {
         let mut lost = 0u32;
         let mut step = Step::default();
         let mut cut_short = false;
-        // Each round writes at most once; a pool settles in a few.
+        // Each round writes the pool at most twice (an unlisting, an
+        // admission); a pool settles in a few.
         let handing = claiming.is_some_and(|c| c.hand.is_some());
         for _ in 0..64 {
-            let handed = step.handed;
+            let (handed, before) = (step.handed, record.clone());
             let round = Round {
                 key,
                 now: now_ms(),
@@ -179,11 +177,14 @@ impl Service {
                     record = next;
                     // A step that hands its deliveries out as it goes ends
                     // with the round that handed some, unless a free slot is
-                    // owed to the queue: grants made since by other writes
-                    // sent wakes of their own, and its invocation (a wake
-                    // queue poller's) is wanted for them.
-                    if handing && step.handed > handed && record.pool.plan_serve(now_ms()).is_none()
-                    {
+                    // owed to the queue or its own writes granted async
+                    // tickets (a return of a slot nobody will use hands it
+                    // on): grants made since by other writes sent wakes of
+                    // their own, and its invocation (a wake queue poller's)
+                    // is wanted for them.
+                    let owed = record.pool.plan_serve(now_ms()).is_some()
+                        || record.pool.granted_async_since(&before.pool);
+                    if handing && step.handed > handed && !owed {
                         break;
                     }
                 }
@@ -261,12 +262,15 @@ impl Service {
         let (record, next) = self
             .visit_listed(ctx, tickets, claiming, record, round)
             .await;
-        if matches!(next, Next::Partly(_)) {
-            return Ok((record, next));
-        }
-        match admit(ctx, key, &record, self.limits.max_waiters).await? {
-            Some(admitted) => Ok((admitted, Next::Again)),
-            None => Ok((record, next)),
+        // Admission whatever the visit left (a ticket whose call failed
+        // must not keep the backlog out).
+        match (
+            admit(ctx, key, &record, self.limits.max_waiters).await?,
+            next,
+        ) {
+            (Some(admitted), Next::Partly(err)) => Ok((admitted, Next::Partly(err))),
+            (Some(admitted), _) => Ok((admitted, Next::Again)),
+            (None, next) => Ok((record, next)),
         }
     }
 
@@ -406,7 +410,6 @@ impl Service {
                             item,
                             grant,
                             claim: None,
-                            checked: None,
                         }),
                         Ok(TicketUpdated::Lost(now_as)) => not_recorded.push((now_as, live)),
                         Ok(TicketUpdated::Gone) => not_recorded.push((item, live)),

@@ -55,7 +55,6 @@ impl Service {
                     grant,
                     item,
                     claim: None,
-                    checked: None,
                 });
                 false
             }
@@ -86,7 +85,6 @@ impl Service {
                             grant,
                             item,
                             claim: None,
-                            checked: None,
                         });
                         false
                     }
