@@ -13,7 +13,7 @@ use semaphore::domain::{
     Change, DeliveryClaim, LeaseDigest, TicketGrant, TicketItem, TicketState, Update,
 };
 use semaphore::keys::{LeaseId, PoolId, PoolKey};
-use semaphore::service::{Budget, Claiming, ToDeliver};
+use semaphore::service::{Budget, Claiming, Step, ToDeliver};
 use semaphore::store::{
     PoolStore, PutTicket, Record, StoreError, StoreErrorKind, TicketStore, TicketUpdated, Updated,
 };
@@ -751,6 +751,22 @@ async fn a_delivery_uses_the_claim_its_step_took(backend: Backend) {
     assert_eq!(item.claim, Some(claim), "no other claim written");
 }
 
+/// A step for a caller that delivers at once, through the service: the
+/// step, and the deliveries it handed out as it claimed them, in order.
+async fn step_handing(service: &semaphore::Service, key: &PoolKey) -> (Step, Vec<ToDeliver>) {
+    let handed: Mutex<Vec<ToDeliver>> = Mutex::default();
+    let hand = |delivery: ToDeliver| handed.lock().expect("lock").push(delivery);
+    let claiming = Claiming {
+        span: Duration::from_secs(10),
+        hand: Some(&hand),
+    };
+    let step = service
+        .dispatch_step_claiming(key, &[], claiming, &mut Budget::new(None))
+        .await
+        .expect("step");
+    (step, handed.into_inner().expect("lock"))
+}
+
 /// A step made for a caller that delivers at once hands each delivery out
 /// as soon as its grant and claim are written (one write): the step lists
 /// none to deliver after. Each first attempt reads the pool once, after
@@ -774,19 +790,9 @@ async fn a_delivery_starts_as_its_step_claims_it(backend: Backend) {
     let counted: Arc<dyn PoolStore> = Arc::new(CountingStore::new(store.clone(), counters.clone()));
     let service = Arc::new(service_over(counted, tickets.clone(), Limits::default()));
     // Through the service: what the step hands out, as it hands it out.
-    let handed: Mutex<Vec<ToDeliver>> = Mutex::default();
-    let hand = |delivery: ToDeliver| handed.lock().expect("lock").push(delivery);
-    let claiming = Claiming {
-        span: Duration::from_secs(10),
-        hand: Some(&hand),
-    };
-    let step = service
-        .dispatch_step_claiming(&key, &[], claiming, &mut Budget::new(None))
-        .await
-        .expect("step");
+    let (step, handed) = step_handing(&service, &key).await;
     assert!(step.deliver.is_empty(), "{step:?}");
     assert_eq!(step.handed, 2);
-    let handed = handed.into_inner().expect("lock");
     assert_eq!(handed.len(), 2);
     for delivery in &handed {
         assert_eq!(delivery.item.attempts, 1, "claimed in the grant's write");
@@ -858,22 +864,13 @@ async fn a_lease_returned_after_its_grant_was_claimed_is_not_delivered(backend: 
     let (status, _) = enqueue(&api, &pool, &mine, &url, 600.0).await;
     assert_eq!(status, 202);
     let key = PoolId(pool.parse().expect("uuid")).key();
-    let handed: Mutex<Vec<ToDeliver>> = Mutex::default();
-    let hand = |delivery: ToDeliver| handed.lock().expect("lock").push(delivery);
-    let claiming = Claiming {
-        span: Duration::from_secs(10),
-        hand: Some(&hand),
-    };
-    let step = service
-        .dispatch_step_claiming(&key, &[], claiming, &mut Budget::new(None))
-        .await
-        .expect("step");
+    let (step, handed) = step_handing(&service, &key).await;
     assert_eq!(step.handed, 1);
     let (status, body) = api.return_lease(&pool, &mine).await;
     assert_eq!((status, &body["returned"]), (200, &json!(true)), "{body}");
     let caller = Caller::new(CallbackPolicy { allow_local: true }, Duration::from_secs(2));
     let dispatcher = Dispatcher::new(service, caller.expect("caller"));
-    for delivery in handed.into_inner().expect("lock") {
+    for delivery in handed {
         dispatcher.deliver(key, delivery).await;
     }
     assert!(
@@ -918,21 +915,11 @@ async fn a_step_that_hands_out_goes_on_while_a_free_slot_is_owed(backend: Backen
     // The second waits in the backlog; the other slot is free.
     let (status, _) = enqueue(&api, &pool, &second, &url, 600.0).await;
     assert_eq!(status, 202);
-    let handed: Mutex<Vec<LeaseDigest>> = Mutex::default();
-    let hand = |delivery: ToDeliver| handed.lock().expect("lock").push(delivery.item.digest());
-    let claiming = Claiming {
-        span: Duration::from_secs(10),
-        hand: Some(&hand),
-    };
     // Its first round hands the first out and admits the second, which the
     // free slot is then owed to.
-    let step = api
-        .service
-        .dispatch_step_claiming(&key, &[], claiming, &mut Budget::new(None))
-        .await
-        .expect("step");
+    let (step, handed) = step_handing(&api.service, &key).await;
     assert_eq!(step.handed, 2, "{step:?}");
-    let mut handed = handed.into_inner().expect("lock");
+    let mut handed: Vec<LeaseDigest> = handed.iter().map(|d| d.item.digest()).collect();
     handed.sort();
     let mut both = [&first, &second].map(|l| LeaseId(l.parse().expect("uuid")).digest());
     both.sort();
