@@ -142,20 +142,37 @@ pub fn granting_settings_from_lookup(
 
 /// The service of a route function whose writes can hand a slot to an async
 /// ticket ([`granting_settings_from_lookup`]): told of each such grant, it
-/// wakes the dispatcher through the wake queue at once.
+/// delivers it before the request answers (feature `dispatch`), and wakes
+/// the dispatcher through the wake queue for what it leaves.
 #[cfg(feature = "wake")]
 pub async fn granting_service_from_env() -> Result<Service, String> {
+    use crate::delivery::wake::{SqsWakes, WakeOnGrant};
     let (config, queue_url) = granting_settings_from_lookup(|name| std::env::var(name).ok())?;
     let (service, _) = service_and_store(config).await;
-    let Some(queue_url) = queue_url else {
-        return Ok(service);
-    };
-    let sender = crate::delivery::wake::SqsWakes::new(sqs_client().await, queue_url);
-    Ok(
-        service.with_on_async_grant(Arc::new(crate::delivery::wake::WakeOnGrant::new(Arc::new(
-            sender,
+    let wake = match queue_url {
+        Some(url) => Some(WakeOnGrant::new(Arc::new(SqsWakes::new(
+            sqs_client().await,
+            url,
         )))),
-    )
+        None => None,
+    };
+    #[cfg(feature = "dispatch")]
+    {
+        use crate::delivery::{Caller, DeliverOnGrant, Dispatcher, INLINE_ATTEMPT};
+        let caller = Caller::new(service.callback_policy(), INLINE_ATTEMPT)
+            .map_err(|e| format!("the callbacks' HTTP client: {e}"))?;
+        // On the service without the hook: a failed delivery's returned
+        // lease reaches the dispatcher through the wake (or the stream).
+        let dispatcher = Dispatcher::new(Arc::new(service.clone()), caller)
+            .with_log(crate::metrics::LogFormat::Json);
+        let hook = DeliverOnGrant::new(Arc::new(dispatcher), wake);
+        Ok(service.with_on_async_grant(Arc::new(hook)))
+    }
+    #[cfg(not(feature = "dispatch"))]
+    Ok(match wake {
+        Some(wake) => service.with_on_async_grant(Arc::new(wake)),
+        None => service,
+    })
 }
 
 /// An SQS client for the route functions' wakes: its calls end within a

@@ -3,7 +3,7 @@ DynamoDB Local (docs/BENCHMARK.md, "The deployed shape, on one machine").
 
     tests/aws-local --bench [--cycles N] [--clients C] [--rounds R] [--tickets T]
                             [--expiries E] [--stream-delays MS,MS] [--async-only]
-                            [--burst N]
+                            [--burst N] [--release]
 
 - borrow and return, N sequential cycles on one pool, then C clients doing R cycles each
   on a pool of C slots: p50/p99 of each call, through the front door and on local-api;
@@ -23,8 +23,11 @@ DynamoDB Local (docs/BENCHMARK.md, "The deployed shape, on one machine").
 flight, on a pool of count 10 whose receivers hold 50 ms and return) against the stack at
 the first stream delay, and adds what one ticket cost the stack (admin /stats, /calls).
 
+--release runs the burst on release builds of the functions and of the burst client, as
+they are deployed (the stack's --bin-dir).
+
 Prints the figures and writes them as JSON to target/aws-local/bench.json. Both sides run
-the same debug build the tests use.
+the same debug build the tests use, but for the burst with --release.
 """
 
 from __future__ import annotations
@@ -210,11 +213,20 @@ def costs(admin: str) -> dict[str, int]:
     return counted
 
 
-def burst(front: str, admin: str, tickets: int) -> dict[str, Any]:
+def release_build() -> list[str]:
+    """Builds the functions and the burst client as deployed (release); the stack's
+    options that run them."""
+    subprocess.run(["cargo", "build", "-q", "--release", "--workspace", "--bins"], check=True, cwd=ROOT)
+    target = Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+    return ["--bin-dir", str(target / "release")]
+
+
+def burst(front: str, admin: str, tickets: int, release: bool) -> dict[str, Any]:
     """tests/bench's burst against the stack: its table of figures, and what one ticket
     cost the stack."""
     before = costs(admin)
-    command = ["cargo", "run", "-q", "-p", "bench", "--bin", "burst", "--"]
+    profile = ["--release"] if release else []
+    command = ["cargo", "run", "-q", *profile, "-p", "bench", "--bin", "burst", "--"]
     args = [*command, "--api", front, "--tickets", str(tickets)]
     run = subprocess.run(args, check=False, cwd=ROOT, capture_output=True, text=True)
     if run.returncode != 0:
@@ -266,7 +278,9 @@ def main() -> None:
     parser.add_argument("--stream-delays", default="200,0", help="the stack's --stream-delay-ms, each")
     parser.add_argument("--async-only", action="store_true", help="no borrow, return, local-api")
     parser.add_argument("--burst", type=int, default=0, help="tickets in the async burst (0: none)")
+    parser.add_argument("--release", action="store_true", help="the burst on release builds, as deployed")
     args = parser.parse_args()
+    release = release_build() if args.release else []
     delays = [int(d) for d in args.stream_delays.split(",")]
     receiver = Receiver()
     figures: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M"), "args": vars(args)}
@@ -308,9 +322,9 @@ def main() -> None:
                 }
     receiver.close()
     if args.burst:
-        with launch.running(OUT / "bench", "--stream-delay-ms", str(delays[0])) as (front, admin):
+        with launch.running(OUT / "bench", "--stream-delay-ms", str(delays[0]), *release) as (front, admin):
             figures.setdefault("aws-local", {})[f"burst_stream_delay_{delays[0]}ms"] = burst(
-                front, admin, args.burst
+                front, admin, args.burst, args.release
             )
     text = json.dumps(figures, indent=2)
     (OUT / "bench.json").write_text(text)

@@ -43,7 +43,7 @@ on_both_stores!(
     a_lease_returned_after_its_grant_was_claimed_is_not_delivered,
     a_step_that_hands_out_goes_on_while_a_free_slot_is_owed,
     dead_waiters_filling_the_queue_do_not_stall_the_backlog,
-    deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_lapse,
+    deliveries_claimed_elsewhere_are_not_read_again_for_a_while,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
@@ -966,9 +966,7 @@ async fn dead_waiters_filling_the_queue_do_not_stall_the_backlog(backend: Backen
 /// A dispatcher that found deliveries claimed by another leaves them be
 /// (no read of their tickets) until the claims lapse, and has the pool
 /// looked at again then.
-async fn deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_lapse(
-    backend: Backend,
-) {
+async fn deliveries_claimed_elsewhere_are_not_read_again_for_a_while(backend: Backend) {
     let (store, tickets) = backend.stores().await;
     let service = |tickets| service_over(store.clone(), tickets, Limits::default());
     let dispatcher = |tickets: Arc<dyn TicketStore>| {
@@ -997,7 +995,15 @@ async fn deliveries_claimed_elsewhere_are_not_read_again_until_their_claims_laps
     let again = other.step_to_deliver(key).await.expect("step");
     assert!(again.deliver.is_empty());
     assert_eq!(watched.reads(), 2, "not read again while claimed");
-    assert_eq!(again.wake_ms, lapse, "looked at again when they lapse");
+    // Looked at again when they lapse, or within half a second if sooner (a
+    // route that gives up its own delivery releases its claim early).
+    let recheck = semaphore::clock::now_ms() + 500;
+    assert!(again.wake_ms <= lapse, "{:?} vs {lapse:?}", again.wake_ms);
+    assert!(
+        again.wake_ms.is_some_and(|at| at <= recheck),
+        "{:?}",
+        again.wake_ms
+    );
 }
 
 async fn a_pool_settles_when_its_async_work_is_done(backend: Backend) {

@@ -1,6 +1,7 @@
 //! Async mode under a random mix, on both stores, with two dispatchers over
 //! the one store (as a stream batch and a wake can step a pool at once in
-//! AWS): sync borrowers and async tickets on one pool, receivers that take
+//! AWS) and the requests delivering their own writes' grants (as the route
+//! functions do): sync borrowers and async tickets on one pool, receivers that take
 //! their grant, answer slowly, answer too late (after the attempt's timeout:
 //! the retry is a duplicate, answered 2xx as docs/API.md tells receivers to),
 //! fail (5xx), refuse (410) or hang, and tickets cancelled at random. Then:
@@ -21,7 +22,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use semaphore::callback::CallbackPolicy;
-use semaphore::delivery::{Caller, Dispatcher, Local};
+use semaphore::delivery::wake::{Wake, WakeOnGrant, WakeSender};
+use semaphore::delivery::{Caller, DeliverOnGrant, Dispatcher, Local};
 use semaphore::domain::TicketState;
 use semaphore::keys::{LeaseId, PoolId};
 use semaphore::Limits;
@@ -66,6 +68,17 @@ struct Seen {
     leases: Mutex<HashMap<u64, String>>,
 }
 
+/// The wake queue, as both dispatchers: each wake tells them at once.
+struct TellBoth(semaphore::service::Watch);
+
+#[async_trait::async_trait]
+impl WakeSender for TellBoth {
+    async fn send(&self, wake: &Wake, _: Duration) -> Result<(), String> {
+        (self.0)(wake.key);
+        Ok(())
+    }
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
@@ -84,14 +97,27 @@ async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
     // Two dispatchers, each with its own service, both told of every change.
     let (one, two) = (Local::new(), Local::new());
     let (tell_one, tell_two) = (one.watch(), two.watch());
+    let tell_both: semaphore::service::Watch = Arc::new(move |key| {
+        tell_one(key);
+        tell_two(key);
+    });
+    let routes = semaphore::Service::new(store.clone(), Limits::default())
+        .with_tickets(tickets.clone())
+        .with_callback_policy(policy)
+        .with_watch(tell_both.clone());
+    // As the route functions do: a write's grants delivered before it
+    // answers, side by side with the dispatchers' steps, which a wake tells
+    // of what it leaves.
+    let own = Dispatcher::new(
+        Arc::new(routes.clone()),
+        Caller::new(policy, ATTEMPT).expect("caller"),
+    )
+    .with_bound(BOUND);
+    let wake = WakeOnGrant::new(Arc::new(TellBoth(tell_both)));
+    // Time for a retry, as the route functions leave (INLINE_BOUND).
+    let hook = DeliverOnGrant::new(Arc::new(own), Some(wake)).with_bound(ATTEMPT * 3);
     let api = Arc::new(ApiClient {
-        service: semaphore::Service::new(store.clone(), Limits::default())
-            .with_tickets(tickets.clone())
-            .with_callback_policy(policy)
-            .with_watch(Arc::new(move |key| {
-                tell_one(key);
-                tell_two(key);
-            })),
+        service: routes.with_on_async_grant(Arc::new(hook)),
     });
     for local in [one, two] {
         let dispatcher_service = Arc::new(
@@ -213,7 +239,7 @@ async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
                 assert!(!reason.is_empty())
             }
             (TicketState::Cancelled | TicketState::Expired, _) => {}
-            (state, mode) => panic!("a {mode} receiver's ticket ended {state:?}"),
+            (state, mode) => panic!("a {mode} receiver's ticket {} ended {state:?}", item.number),
         }
         *ends.entry(item.state.name()).or_default() += 1;
     }

@@ -25,6 +25,24 @@ pub const DELIVERY_BOUND: Duration = Duration::from_secs(60);
 /// clocks that differ a little between servers.
 const CLAIM_MARGIN: Duration = Duration::from_secs(2);
 
+/// Longest a dispatcher leaves be a ticket it found claimed by another,
+/// before it reads it again.
+const ELSEWHERE_RECHECK: Duration = Duration::from_millis(500);
+
+/// How a delivery made here ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The receiver took it (2xx), recorded `delivered`.
+    Taken,
+    /// Recorded `failed`, its lease returned (the pool changed).
+    Failed,
+    /// No attempt of ours: another dispatcher's delivery, or its lease
+    /// ended first.
+    NotOurs,
+    /// Given up here undecided: a step goes on with it.
+    Left,
+}
+
 pub struct Dispatcher {
     service: Arc<Service>,
     caller: Caller,
@@ -181,9 +199,12 @@ impl Dispatcher {
             .filter(|d| self.in_flight().insert((key, d.item.digest())))
             .collect();
         {
+            // Looked at again soon whatever its claim says: a route that
+            // gives up its own delivery releases its claim early.
+            let recheck = now_ms() + ELSEWHERE_RECHECK.as_millis() as u64;
             let mut elsewhere = self.elsewhere();
             for &(digest, until) in &step.claimed_elsewhere {
-                elsewhere.insert((key, digest), until);
+                elsewhere.insert((key, digest), until.min(recheck));
             }
         }
         let wake_ms = match (step.active, step.wake_ms.into_iter().chain(lapses).min()) {
@@ -215,21 +236,54 @@ impl Dispatcher {
     /// the caller steps it again.
     pub async fn deliver(&self, key: PoolKey, delivery: ToDeliver) -> bool {
         let ToDeliver { item, grant, claim } = delivery;
-        let changed = self.deliver_once(key, &item, grant, claim).await;
+        let outcome = self.deliver_once(key, &item, grant, claim, None).await;
         self.in_flight().remove(&(key, item.digest()));
-        changed
+        outcome == Outcome::Failed
+    }
+
+    /// Delivers, before its request answers, the grant that the request's
+    /// own write handed the ticket of `digest`: records it `granted` from
+    /// `waiting` with the first attempt's claim in one write, then tries
+    /// until the receiver takes or refuses it, for up to `for_up_to`.
+    /// `Left` when the dispatcher must go on with it: the grant not recorded
+    /// here (the ticket moved, or a call failed), or not taken in time (its
+    /// claim lapses, and a step delivers it again).
+    pub async fn deliver_granted(
+        &self,
+        key: PoolKey,
+        digest: LeaseDigest,
+        grant: TicketGrant,
+        for_up_to: Duration,
+    ) -> Outcome {
+        let claim = DeliveryClaim {
+            by: fastrand::u64(..),
+            until_ms: now_ms() + self.claim_span(Duration::ZERO).as_millis() as u64,
+        };
+        let mut budget = Budget::new(None);
+        let Ok(Some(item)) = self
+            .service
+            .record_own_grant(&key, digest, grant, claim, &mut budget)
+            .await
+        else {
+            return Outcome::Left;
+        };
+        let give_up_ms = now_ms() + for_up_to.as_millis() as u64;
+        self.deliver_once(key, &item, grant, Some(claim), Some(give_up_ms))
+            .await
     }
 
     /// `taken`: the claim its step took for the first attempt, if any.
+    /// `give_up_ms`: when to leave it to a later step, undecided (Unix ms).
     async fn deliver_once(
         &self,
         key: PoolKey,
         item: &TicketItem,
         grant: TicketGrant,
         mut taken: Option<DeliveryClaim>,
-    ) -> bool {
+        give_up_ms: Option<u64>,
+    ) -> Outcome {
         let Some(callback) = item.callback.clone() else {
-            return false;
+            return Outcome::NotOurs;
         };
         let until = grant.expires_at_ms.min(
             grant
@@ -243,6 +297,16 @@ impl Dispatcher {
         let mut made = 0u32;
         let outcome = loop {
             let now = now_ms();
+            if give_up_ms.is_some_and(|at| now >= at) && now < until {
+                // No attempt of ours is under way: a step may start the next
+                // at once (woken by our caller), rather than when our claim
+                // would have lapsed.
+                let released = self.service.release_claim(&key, item, grant, by).await;
+                if let Err(err) = released {
+                    tracing::warn!(error = %err, "a delivery claim was not released: it lapses");
+                }
+                return Outcome::Left;
+            }
             if now >= until {
                 break Err(format!(
                     "not delivered while its lease was live (within {} s): {last}",
@@ -272,12 +336,12 @@ impl Dispatcher {
             match begin {
                 Ok(Begin::Go) => {}
                 // Another dispatcher's, or it ended meanwhile: nothing to record.
-                Ok(Begin::NotOurs) => return false,
+                Ok(Begin::NotOurs) => return Outcome::NotOurs,
                 // Its lease ended: nothing freed here.
                 Ok(Begin::Ended(reason)) => {
                     self.log_delivery(&key, item, false, made);
                     tracing::info!(pool = %prefix(&key), reason = %reason, "a grant not delivered");
-                    return false;
+                    return Outcome::NotOurs;
                 }
                 Err(err) => {
                     // No claim, no attempt: try again after the pause.
@@ -331,11 +395,21 @@ impl Dispatcher {
             .service
             .delivery_ended(&key, item, grant, outcome, &mut Budget::new(None))
             .await;
-        if let Err(err) = ended {
-            tracing::warn!(error = %err, "a delivery's outcome was not recorded");
+        match ended {
+            // A failed delivery returned its lease.
+            Ok(_) if failed => Outcome::Failed,
+            Ok(_) => Outcome::Taken,
+            Err(err) => {
+                tracing::warn!(error = %err, "a delivery's outcome was not recorded");
+                // Unrecorded: a step decides again (a failure's lease may
+                // still be held).
+                if failed {
+                    Outcome::Failed
+                } else {
+                    Outcome::Left
+                }
+            }
         }
-        // A failed delivery returned its lease.
-        failed
     }
 
     fn log_delivery(&self, key: &PoolKey, item: &TicketItem, delivered: bool, attempts: u32) {

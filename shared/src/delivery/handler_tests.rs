@@ -1,45 +1,18 @@
 //! The dispatcher function's tests: batches of both sources, pools side by side,
 //! wakes armed and sent, failures reported per record.
-use std::net::SocketAddr;
-use std::sync::Mutex;
-
-use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde_json::json;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 use super::*;
 use crate::callback::CallbackPolicy;
+use crate::delivery::test_support::{receiver, Sent};
 use crate::domain::{Callback, TicketState};
 use crate::keys::{LeaseId, PoolId};
 use crate::service::{BorrowRequest, Budget, EnqueueRequest};
 use crate::store::MemoryStore;
 use crate::{Limits, Service};
-
-/// The wake queue, recorded; `fail_for` refuses that pool's wakes.
-#[derive(Default)]
-struct Sent {
-    wakes: Mutex<Vec<(Wake, Duration)>>,
-    fail_for: Mutex<Option<PoolKey>>,
-}
-
-#[async_trait]
-impl WakeSender for Sent {
-    async fn send(&self, wake: &Wake, delay: Duration) -> Result<(), String> {
-        if Some(wake.key) == *self.fail_for.lock().unwrap() {
-            return Err("the queue is down".into());
-        }
-        self.wakes.lock().unwrap().push((wake.clone(), delay));
-        Ok(())
-    }
-}
-
-impl Sent {
-    fn taken(&self) -> Vec<(Wake, Duration)> {
-        std::mem::take(&mut self.wakes.lock().unwrap())
-    }
-}
 
 struct Fixture {
     store: Arc<MemoryStore>,
@@ -212,46 +185,6 @@ async fn one_pools_failure_fails_its_records_alone() {
     // The unsent wake is not left pending: the retry arms it again.
     assert_eq!(f.store.pending_wake(&failing), None);
     assert_eq!(f.store.pending_wake(&fine), Some(at));
-}
-
-/// A receiver on a loopback port that tells each request's path as it
-/// arrives: `/ok…` answers 200 at once, `/hang…` only once `release`
-/// says so (each attempt until then times out, and is retried).
-async fn receiver(release: watch::Receiver<bool>) -> (SocketAddr, mpsc::UnboundedReceiver<String>) {
-    use http_body_util::Full;
-    use hyper::body::{Bytes, Incoming};
-    use hyper::{Request, Response};
-
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let (tell, told) = mpsc::unbounded_channel();
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let (tell, release) = (tell.clone(), release.clone());
-            tokio::spawn(async move {
-                let serve = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    let (tell, mut release) = (tell.clone(), release.clone());
-                    async move {
-                        let path = request.uri().path().to_string();
-                        let _ = tell.send(path.clone());
-                        if path.starts_with("/hang") {
-                            let _ = release.wait_for(|released| *released).await;
-                        }
-                        let mut response = Response::new(Full::new(Bytes::new()));
-                        if path.starts_with("/refuse") {
-                            *response.status_mut() = hyper::StatusCode::GONE;
-                        }
-                        Ok::<_, hyper::Error>(response)
-                    }
-                });
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let _ = hyper::server::conn::http1::Builder::new()
-                    .serve_connection(io, serve)
-                    .await;
-            });
-        }
-    });
-    (addr, told)
 }
 
 /// A pool of one free slot and an async ticket calling back `url`: the

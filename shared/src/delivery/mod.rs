@@ -10,9 +10,9 @@
 //! [`Local`] runs it in-process (local-api), woken by the service's watch and
 //! by timers at each pool's next expiry; in AWS the table's stream and a
 //! wake queue do the same, their batches handled by [`Handler`]. The route
-//! functions whose writes hand slots to async tickets build only [`wake`]
-//! (feature `wake`, without the callbacks' HTTP client): they wake the
-//! dispatcher at once instead of waiting for the stream.
+//! functions whose writes hand slots to async tickets deliver those grants
+//! themselves before they answer ([`DeliverOnGrant`]), and wake the
+//! dispatcher through [`wake`] for what they leave.
 //!
 //! [`Service::dispatch_step`]: crate::service::Service::dispatch_step
 
@@ -25,18 +25,24 @@ pub mod events;
 #[cfg(feature = "dispatch")]
 mod handler;
 #[cfg(feature = "dispatch")]
+mod inline;
+#[cfg(feature = "dispatch")]
 mod local;
 #[cfg(feature = "stream")]
 pub mod stream;
+#[cfg(all(test, feature = "dispatch"))]
+mod test_support;
 pub mod wake;
 
 #[cfg(feature = "dispatch")]
 pub use caller::{Attempt, Caller, CheckedResolver};
 #[cfg(feature = "dispatch")]
-pub use dispatcher::{Dispatcher, DELIVERY_BOUND};
+pub use dispatcher::{Dispatcher, Outcome, DELIVERY_BOUND};
 #[cfg(feature = "dispatch")]
 pub use events::{Batch, BatchResponse};
 #[cfg(feature = "dispatch")]
 pub use handler::Handler;
+#[cfg(feature = "dispatch")]
+pub use inline::{DeliverOnGrant, INLINE_ATTEMPT, INLINE_BOUND};
 #[cfg(feature = "dispatch")]
 pub use local::Local;

@@ -16,6 +16,7 @@ use base64::engine::general_purpose::STANDARD;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
+use crate::domain::{LeaseDigest, TicketGrant};
 use crate::keys::PoolKey;
 use crate::metrics::PoolKeyPrefix;
 use crate::service::OnAsyncGrant;
@@ -137,11 +138,13 @@ impl WakeSender for SqsWakes {
     }
 }
 
-/// The service's [`OnAsyncGrant`] in AWS: a wake of the pool without delay,
-/// so that the dispatcher steps it and delivers within tens of milliseconds
-/// instead of after the table's stream (about 200 ms, and a shard's batches
-/// wait for each other). A failed send is logged, never the request's
-/// failure: the stream still invokes the dispatcher for the same write.
+/// A wake of the pool without delay, as an [`OnAsyncGrant`]: the dispatcher
+/// steps it and delivers within tens of milliseconds instead of after the
+/// table's stream (about 200 ms, and a shard's batches wait for each other).
+/// In AWS what a route's own delivery leaves
+/// ([`DeliverOnGrant`](super::DeliverOnGrant)). A failed send is logged,
+/// never the request's failure: the stream still invokes the dispatcher for
+/// the same write.
 pub struct WakeOnGrant {
     sender: Arc<dyn WakeSender>,
 }
@@ -154,7 +157,7 @@ impl WakeOnGrant {
 
 #[async_trait]
 impl OnAsyncGrant for WakeOnGrant {
-    async fn granted(&self, key: &PoolKey) {
+    async fn granted(&self, key: &PoolKey, _: &[(LeaseDigest, TicketGrant)]) {
         let wake = Wake {
             key: *key,
             at_ms: None,

@@ -2,7 +2,8 @@
 //! listing, settling.
 
 use super::{
-    Change, Expect, GiveUp, Holder, Lease, LeaseDigest, Pool, Ticket, TicketItem, Update, MAX_PRUNE,
+    Change, Expect, GiveUp, Holder, Lease, LeaseDigest, Pool, Ticket, TicketGrant, TicketItem,
+    Update, MAX_PRUNE,
 };
 
 /// Most backlog tickets one admission appends (the expression limit again).
@@ -159,10 +160,22 @@ impl Pool {
     /// async ticket that `before` did not: the write handed it a slot, and
     /// its delivery can start at once.
     pub fn granted_async_since(&self, before: &Pool) -> bool {
-        self.line.listed.iter().any(|(digest, _)| {
-            self.lease_of(*digest)
-                .is_some_and(|now| before.lease_of(*digest).map(|l| l.fence) != Some(now.fence))
-        })
+        !self.async_grants_since(before).is_empty()
+    }
+
+    /// The grants to listed async tickets that this pool, written from
+    /// `before`, holds and `before` did not: each ticket's lease digest and
+    /// its grant, in listing order.
+    pub fn async_grants_since(&self, before: &Pool) -> Vec<(LeaseDigest, TicketGrant)> {
+        self.line
+            .listed
+            .iter()
+            .filter_map(|(digest, _)| {
+                let now = self.lease_of(*digest)?;
+                let old = before.lease_of(*digest).map(|l| l.fence);
+                (old != Some(now.fence)).then(|| (*digest, TicketGrant::of(&now)))
+            })
+            .collect()
     }
 
     /// Unlists an async ticket (its grant recorded, or it left the queue),
@@ -264,6 +277,9 @@ mod tests {
         assert!(give_back(&mut pool, 1, now));
         assert_eq!(pool.grant_of(&h(2, 1_000)).map(|l| l.position), Some(0));
         assert!(pool.granted_async_since(&admitted_before_return));
+        let granted = pool.async_grants_since(&admitted_before_return);
+        assert_eq!(granted.len(), 1, "the one ticket handed a slot");
+        assert_eq!((granted[0].0, granted[0].1.position), (d(2), 0));
         assert!(!pool.granted_async_since(&pool), "nothing new");
         let unlist = pool.plan_unlist(d(2)).expect("listed");
         pool = pool.apply(&unlist).expect("holds");

@@ -3,7 +3,7 @@
 //! its callback, or ends otherwise. Whatever grows without bound lives here,
 //! not in the pool item. Pure: no I/O, no clock.
 
-use super::{Holder, LeaseDigest};
+use super::{Holder, Lease, LeaseDigest};
 
 /// Where a granted ticket is delivered, and how it proves itself there. The
 /// token is stored as given, since it must be sent (the contract says so).
@@ -28,6 +28,18 @@ pub struct TicketGrant {
     pub fence: u64,
     pub granted_ms: u64,
     pub expires_at_ms: u64,
+}
+
+impl TicketGrant {
+    /// The grant that `lease` is.
+    pub fn of(lease: &Lease) -> TicketGrant {
+        TicketGrant {
+            position: lease.position,
+            fence: lease.fence,
+            granted_ms: lease.granted_ms,
+            expires_at_ms: lease.expires_at_ms,
+        }
+    }
 }
 
 /// One dispatcher's claim on a granted ticket's delivery: nobody else starts

@@ -96,12 +96,7 @@ impl Pool {
                 }
             }
             (_, Some(lease), _) => TicketStep::Record {
-                grant: TicketGrant {
-                    position: lease.position,
-                    fence: lease.fence,
-                    granted_ms: lease.granted_ms,
-                    expires_at_ms: lease.expires_at_ms,
-                },
+                grant: TicketGrant::of(&lease),
                 live: lease.is_live(now_ms),
             },
             (_, None, Some((_, ticket))) if ticket.is_live(now_ms) => TicketStep::Wait,

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::join_all;
 
 use crate::clock::now_ms;
-use crate::domain::{Holder, Update};
+use crate::domain::{Holder, LeaseDigest, TicketGrant, Update};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
@@ -208,8 +208,9 @@ impl Harness<'_> {
             // As the stream's filter passes writes to the dispatcher.
             Ok(Updated::Written(record)) if record.pool.line().active => {
                 self.changed(key);
-                if record.pool.granted_async_since(&read.pool) {
-                    self.granted_async(key).await;
+                let grants = record.pool.async_grants_since(&read.pool);
+                if !grants.is_empty() {
+                    self.granted_async(key, &grants).await;
                 }
             }
             _ => {}
@@ -240,8 +241,9 @@ impl Harness<'_> {
                     // The undo may hand its slot to an async ticket.
                     if after.pool.line().active {
                         self.changed(key);
-                        if after.pool.granted_async_since(&record.pool) {
-                            self.granted_async(key).await;
+                        let grants = after.pool.async_grants_since(&record.pool);
+                        if !grants.is_empty() {
+                            self.granted_async(key, &grants).await;
                         }
                     }
                     record = after;
@@ -293,13 +295,13 @@ impl Harness<'_> {
         }
     }
 
-    /// Tells the service's hook that the pool has a grant for an async
-    /// ticket to deliver (handed by a write, or owed to an enqueue that
-    /// found a free slot), within the time the request has left: the
-    /// table's stream stays the backstop of a hook that is cut short.
-    pub(super) async fn granted_async(&self, key: &PoolKey) {
+    /// Tells the service's hook that the pool has grants for async tickets
+    /// to deliver (`grants`, handed by a write; none when a slot is owed to
+    /// an enqueue that found it free), within the time the request has
+    /// left: the table's stream stays the backstop of a hook cut short.
+    pub(super) async fn granted_async(&self, key: &PoolKey, grants: &[(LeaseDigest, TicketGrant)]) {
         if let Some(hook) = self.on_async_grant {
-            let _ = tokio::time::timeout_at(self.answer_by.into(), hook.granted(key)).await;
+            let _ = tokio::time::timeout_at(self.answer_by.into(), hook.granted(key, grants)).await;
         }
     }
 

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use crate::callback::CallbackPolicy;
+use crate::domain::{LeaseDigest, TicketGrant};
 use crate::keys::PoolKey;
 use crate::store::{PoolStore, TicketStore};
 
@@ -31,6 +32,7 @@ pub use borrow::{BorrowRequest, Grant};
 pub use harness::{Budget, Stats};
 pub use settings::{Limits, Timing};
 
+#[derive(Clone)]
 pub struct Service {
     store: Arc<dyn PoolStore>,
     /// Async mode's ticket items (and the backlog sync borrowers wait in).
@@ -55,7 +57,9 @@ pub type Watch = Arc<dyn Fn(PoolKey) + Send + Sync>;
 /// its own to log: the table's stream delivers the grant all the same.
 #[async_trait::async_trait]
 pub trait OnAsyncGrant: Send + Sync {
-    async fn granted(&self, key: &PoolKey);
+    /// `grants`: the tickets the write handed slots to (lease digest, grant);
+    /// none when a slot is owed to a ticket that a step has yet to grant.
+    async fn granted(&self, key: &PoolKey, grants: &[(LeaseDigest, TicketGrant)]);
 }
 
 impl Service {
@@ -134,7 +138,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl OnAsyncGrant for Told {
-        async fn granted(&self, key: &PoolKey) {
+        async fn granted(&self, key: &PoolKey, _: &[(LeaseDigest, TicketGrant)]) {
             self.0.lock().unwrap().push(*key);
         }
     }

@@ -7,11 +7,11 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::clock::now_ms;
-use crate::domain::{DeliveryClaim, LeaseDigest, TicketGrant, TicketItem};
+use crate::domain::{DeliveryClaim, LeaseDigest, TicketGrant, TicketItem, TicketState};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::service::harness::Harness;
-use crate::service::Service;
+use crate::service::{Budget, Service};
 use crate::store::{StoreError, TicketStore, TicketUpdated};
 
 use super::step::ToDeliver;
@@ -34,6 +34,30 @@ pub(super) enum Claimed {
 type CallFuture<'c> = Pin<Box<dyn Future<Output = Result<TicketUpdated, StoreError>> + Send + 'c>>;
 
 impl Service {
+    /// Records the grant that a request's own write handed the ticket of
+    /// `digest` (`waiting` → `granted`) with its first attempt's `claim`, in
+    /// one write: the ticket as written, or `None` when it had moved
+    /// (cancelled, expired, or recorded by a step first: a step decides).
+    pub async fn record_own_grant(
+        &self,
+        key: &PoolKey,
+        digest: LeaseDigest,
+        grant: TicketGrant,
+        claim: DeliveryClaim,
+        call: &mut Budget,
+    ) -> Result<Option<TicketItem>, Error> {
+        let tickets = self.ticket_store()?;
+        let mut ctx = self.ctx(call, Duration::ZERO);
+        let waiting = TicketState::Waiting;
+        match ctx
+            .call(tickets.record_grant(key, digest, &waiting, grant, Some(claim)))
+            .await?
+        {
+            TicketUpdated::Written(item) => Ok(Some(item)),
+            TicketUpdated::Lost(_) | TicketUpdated::Gone => Ok(None),
+        }
+    }
+
     /// Records `grants` with their first attempts claimed in the same
     /// writes, and claims the `redeliver`ies' next attempts, side by side.
     /// (Each first attempt still reads the pool after its claim, right
@@ -85,6 +109,16 @@ impl Service {
                     grant,
                     claim: Some(claim),
                 }),
+                // Recorded by another with its first attempt claimed (a
+                // route delivering its own write's grant): its, until the
+                // claim lapses.
+                Some(Ok(TicketUpdated::Lost(now_as)))
+                    if now_as.state == TicketState::Granted(grant)
+                        && now_as.claim.is_some_and(|c| c.until_ms > now) =>
+                {
+                    let until_ms = now_as.claim.map_or(now, |c| c.until_ms);
+                    Claimed::Elsewhere(now_as.digest(), until_ms)
+                }
                 Some(Ok(TicketUpdated::Lost(now_as))) => Claimed::NotRecorded(now_as, live),
                 Some(Ok(TicketUpdated::Gone)) => Claimed::NotRecorded(item, live),
                 Some(Err(err)) => Claimed::Failed(err.into()),

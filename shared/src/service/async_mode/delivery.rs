@@ -97,6 +97,28 @@ impl Service {
         self.begin_from(&mut ctx, key, item, grant, record).await
     }
 
+    /// Ends the delivery claim of `by` on the ticket of `item` early (its
+    /// attempt is over, undecided), so that another dispatcher's may start
+    /// at once: the claim, renewed to lapse now. (The store counts it as an
+    /// attempt claimed.) A claim of another's, or a ticket that moved on,
+    /// is left as it is.
+    pub async fn release_claim(
+        &self,
+        key: &PoolKey,
+        item: &TicketItem,
+        grant: TicketGrant,
+        by: u64,
+    ) -> Result<(), Error> {
+        let tickets = self.ticket_store()?;
+        let mut call = Budget::default();
+        let mut ctx = self.ctx(&mut call, Duration::ZERO);
+        let now = now_ms();
+        let lapsed = DeliveryClaim { by, until_ms: now };
+        ctx.call(tickets.claim_attempt(key, item.digest(), grant.fence, lapsed, now))
+            .await?;
+        Ok(())
+    }
+
     /// [`Service::begin_attempt`] for an attempt whose claim is taken (by
     /// the step that recorded the grant, for the first attempt): the pool's
     /// read alone.

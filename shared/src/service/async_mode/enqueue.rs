@@ -102,7 +102,7 @@ impl Service {
                 // say so.
                 let state = record.pool.state(now);
                 if record.pool.line().admitted == number && state.available > state.waiting {
-                    ctx.granted_async(&key).await;
+                    ctx.granted_async(&key, &[]).await;
                 }
                 Ok(Enqueued {
                     ticket: number,

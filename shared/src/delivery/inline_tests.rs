@@ -1,0 +1,149 @@
+//! A route's own deliveries: made before the request answers, or left to
+//! the dispatcher through a wake.
+use std::time::Instant;
+
+use tokio::sync::watch;
+
+use super::*;
+use crate::callback::CallbackPolicy;
+use crate::delivery::test_support::{receiver, Sent};
+use crate::delivery::wake::Wake;
+use crate::delivery::Caller;
+use crate::domain::{Callback, TicketState};
+use crate::keys::{LeaseId, PoolId};
+use crate::service::{BorrowRequest, Budget, EnqueueRequest, Service};
+use crate::store::MemoryStore;
+use crate::Limits;
+
+struct Fixture {
+    service: Service,
+    sent: Arc<Sent>,
+}
+
+/// A route function's service: its grants delivered within `bound`.
+fn fixture(bound: Duration) -> Fixture {
+    let store = Arc::new(MemoryStore::new());
+    let policy = CallbackPolicy { allow_local: true };
+    let service = Service::new(store.clone(), Limits::default())
+        .with_tickets(store)
+        .with_callback_policy(policy);
+    let caller = Caller::new(policy, bound).unwrap();
+    let dispatcher = Dispatcher::new(Arc::new(service.clone()), caller);
+    let sent = Arc::new(Sent::default());
+    let hook = DeliverOnGrant::new(Arc::new(dispatcher), Some(WakeOnGrant::new(sent.clone())))
+        .with_bound(bound);
+    Fixture {
+        service: service.with_on_async_grant(Arc::new(hook)),
+        sent,
+    }
+}
+
+/// A pool of one slot, held, and an async ticket calling back `url`,
+/// admitted to its queue: the holder's lease and the ticket's.
+async fn held_with_a_ticket(f: &Fixture, id: PoolId, url: String) -> (LeaseId, LeaseId) {
+    let budget = &mut Budget::new(None);
+    f.service.register(id, 1, budget).await.unwrap();
+    let holder = LeaseId::new_random();
+    let borrow = BorrowRequest {
+        ttl_ms: 60_000,
+        wait_ms: 0,
+        lease: holder,
+    };
+    f.service.borrow(id, borrow, budget).await.unwrap();
+    let ticket = LeaseId::new_random();
+    let enqueue = EnqueueRequest {
+        ttl_ms: 30_000,
+        wait_ms: Some(60_000),
+        lease: ticket,
+        callback: Callback {
+            url,
+            token: "t".into(),
+        },
+    };
+    f.service.enqueue(id, enqueue, budget).await.unwrap();
+    // The dispatcher's step admits it (the slot is held: no grant yet).
+    f.service
+        .dispatch_step(&id.key(), &[], budget)
+        .await
+        .unwrap();
+    (holder, ticket)
+}
+
+async fn state(f: &Fixture, id: PoolId, lease: LeaseId) -> TicketState {
+    let report = f.service.ticket(id, lease, &mut Budget::new(None)).await;
+    report.unwrap().item.state
+}
+
+fn now_wake(id: PoolId) -> (Wake, Duration) {
+    let wake = Wake {
+        key: id.key(),
+        at_ms: None,
+    };
+    (wake, Duration::ZERO)
+}
+
+#[tokio::test]
+async fn a_return_that_hands_its_slot_on_delivers_it_before_it_answers() {
+    let f = fixture(Duration::from_secs(1));
+    let (_release, released) = watch::channel(false);
+    let (addr, mut arrived) = receiver(released).await;
+    let id = PoolId(uuid::Uuid::new_v4());
+    let (holder, ticket) = held_with_a_ticket(&f, id, format!("http://{addr}/ok")).await;
+    let budget = &mut Budget::new(None);
+    assert!(f.service.return_lease(id, holder, budget).await.unwrap());
+    assert_eq!(
+        arrived.try_recv().as_deref(),
+        Ok("/ok"),
+        "delivered before the answer"
+    );
+    let state = state(&f, id, ticket).await;
+    assert!(matches!(state, TicketState::Delivered { .. }), "{state:?}");
+    assert_eq!(f.sent.taken(), [], "nothing left to the dispatcher");
+    assert!(arrived.try_recv().is_err(), "once");
+}
+
+#[tokio::test]
+async fn a_receiver_slower_than_the_bound_is_left_to_the_dispatcher() {
+    let bound = Duration::from_millis(300);
+    let f = fixture(bound);
+    let (_release, released) = watch::channel(false);
+    let (addr, mut arrived) = receiver(released).await;
+    let id = PoolId(uuid::Uuid::new_v4());
+    let (holder, ticket) = held_with_a_ticket(&f, id, format!("http://{addr}/hang")).await;
+    let started = Instant::now();
+    let budget = &mut Budget::new(None);
+    assert!(f.service.return_lease(id, holder, budget).await.unwrap());
+    let took = started.elapsed();
+    assert!(
+        took < bound * 3,
+        "the return waited {took:?} for its receiver"
+    );
+    assert_eq!(arrived.try_recv().as_deref(), Ok("/hang"));
+    // Granted, its claim released: the dispatcher, woken, delivers it again
+    // at once (not when the claim would have lapsed).
+    let state = state(&f, id, ticket).await;
+    assert!(matches!(state, TicketState::Granted(_)), "{state:?}");
+    assert_eq!(f.sent.taken(), [now_wake(id)], "the dispatcher woken");
+    let step = f.service.dispatch_step(&id.key(), &[], budget).await;
+    let step = step.unwrap();
+    assert_eq!(step.deliver.len(), 1, "{step:?}");
+    assert!(step.claimed_elsewhere.is_empty());
+}
+
+#[tokio::test]
+async fn a_refused_grant_fails_returns_its_slot_and_wakes_the_dispatcher() {
+    let f = fixture(Duration::from_secs(1));
+    let (_release, released) = watch::channel(false);
+    let (addr, mut arrived) = receiver(released).await;
+    let id = PoolId(uuid::Uuid::new_v4());
+    let (holder, ticket) = held_with_a_ticket(&f, id, format!("http://{addr}/refuse")).await;
+    let budget = &mut Budget::new(None);
+    assert!(f.service.return_lease(id, holder, budget).await.unwrap());
+    assert_eq!(arrived.try_recv().as_deref(), Ok("/refuse"));
+    let state = state(&f, id, ticket).await;
+    assert!(matches!(state, TicketState::Failed { .. }), "{state:?}");
+    let pool = f.service.inspect(id, &mut Budget::new(None)).await.unwrap();
+    assert_eq!(pool.in_use, 0, "its lease returned");
+    // Its slot may go on to another ticket: the dispatcher's to see.
+    assert_eq!(f.sent.taken(), [now_wake(id)]);
+}
