@@ -44,6 +44,7 @@ on_both_stores!(
     a_step_that_hands_out_goes_on_while_a_free_slot_is_owed,
     dead_waiters_filling_the_queue_do_not_stall_the_backlog,
     deliveries_claimed_elsewhere_are_not_read_again_for_a_while,
+    a_step_that_loses_a_grant_to_its_recorders_claim_looks_again_at_the_lapse,
     a_pool_settles_when_its_async_work_is_done,
     a_raised_count_serves_waiting_tickets,
     a_ticket_of_a_lease_id_in_use_ends_cancelled,
@@ -558,11 +559,14 @@ async fn a_step_that_delivers_claims_its_grants_from_every_other_step(backend: B
 }
 
 /// A ticket store that counts its reads of tickets, and whose reads of one
-/// ticket (if named) fail (the others answer).
+/// ticket (if named) fail (the others answer); with `recorded_first`, the
+/// first grant recorded through it was recorded just before by another
+/// (from `waiting`, with that claim), as a route delivering it would.
 struct WatchedTickets {
     inner: Arc<dyn TicketStore>,
     unreadable: Option<LeaseDigest>,
     reads: std::sync::atomic::AtomicUsize,
+    recorded_first: std::sync::Mutex<Option<DeliveryClaim>>,
 }
 
 impl WatchedTickets {
@@ -571,6 +575,16 @@ impl WatchedTickets {
             inner,
             unreadable,
             reads: Default::default(),
+            recorded_first: Default::default(),
+        })
+    }
+
+    fn recorded_first(inner: Arc<dyn TicketStore>, claim: DeliveryClaim) -> Arc<Self> {
+        Arc::new(WatchedTickets {
+            inner,
+            unreadable: None,
+            reads: Default::default(),
+            recorded_first: std::sync::Mutex::new(Some(claim)),
         })
     }
 
@@ -641,6 +655,14 @@ impl TicketStore for WatchedTickets {
         grant: TicketGrant,
         claim: Option<DeliveryClaim>,
     ) -> Result<TicketUpdated, StoreError> {
+        let first = self.recorded_first.lock().unwrap().take();
+        if let Some(other) = first {
+            let waiting = TicketState::Waiting;
+            let recorded = self
+                .inner
+                .record_grant(key, digest, &waiting, grant, Some(other));
+            assert!(matches!(recorded.await, Ok(TicketUpdated::Written(_))));
+        }
         self.inner
             .record_grant(key, digest, from, grant, claim)
             .await
@@ -1003,6 +1025,35 @@ async fn deliveries_claimed_elsewhere_are_not_read_again_for_a_while(backend: Ba
         again.wake_ms.is_some_and(|at| at <= recheck),
         "{:?}",
         again.wake_ms
+    );
+}
+
+async fn a_step_that_loses_a_grant_to_its_recorders_claim_looks_again_at_the_lapse(
+    backend: Backend,
+) {
+    let (store, tickets) = backend.stores().await;
+    let api = ApiClient {
+        service: service_over(store.clone(), tickets.clone(), Limits::default()),
+    };
+    let (_, key, _) = pool_with_tickets(&api, 1, 1).await;
+    // A route records the grant, its delivery claimed, between the step's
+    // read of the ticket (`waiting`) and its own record.
+    let until_ms = semaphore::clock::now_ms() + 5_000;
+    let claim = DeliveryClaim { by: 7, until_ms };
+    let raced = WatchedTickets::recorded_first(tickets.clone(), claim);
+    let service = service_over(store.clone(), raced.clone(), Limits::default());
+    let step = service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await;
+    let step = step.expect("step");
+    assert!(raced.recorded_first.lock().unwrap().is_none(), "raced");
+    assert!(step.deliver.is_empty(), "its recorder's: {step:?}");
+    assert_eq!(step.claimed_elsewhere.len(), 1, "{step:?}");
+    assert_eq!(step.claimed_elsewhere[0].1, until_ms);
+    assert!(
+        step.wake_ms <= Some(until_ms),
+        "{:?} vs {until_ms}",
+        step.wake_ms
     );
 }
 

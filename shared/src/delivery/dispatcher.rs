@@ -34,10 +34,13 @@ const ELSEWHERE_RECHECK: Duration = Duration::from_millis(500);
 pub enum Outcome {
     /// The receiver took it (2xx), recorded `delivered`.
     Taken,
-    /// Recorded `failed`, its lease returned (the pool changed).
+    /// It failed (refused, or not taken within its lease or the bound):
+    /// recorded `failed` and its lease returned, unless another ended it
+    /// first or the record itself failed (a step then decides). The pool
+    /// may have changed.
     Failed,
-    /// No attempt of ours: another dispatcher's delivery, or its lease
-    /// ended first.
+    /// Nothing more of ours to do: another dispatcher's delivery, its lease
+    /// ended (before an attempt, or between ours), or no callback.
     NotOurs,
     /// Given up here undecided: a step goes on with it.
     Left,
@@ -244,16 +247,17 @@ impl Dispatcher {
     /// Delivers, before its request answers, the grant that the request's
     /// own write handed the ticket of `digest`: records it `granted` from
     /// `waiting` with the first attempt's claim in one write, then tries
-    /// until the receiver takes or refuses it, for up to `for_up_to`.
-    /// `Left` when the dispatcher must go on with it: the grant not recorded
-    /// here (the ticket moved, or a call failed), or not taken in time (its
-    /// claim lapses, and a step delivers it again).
+    /// until the receiver takes or refuses it, each attempt cut at
+    /// `give_up_ms` (Unix ms). `Left` when the dispatcher must go on with
+    /// it: the grant not recorded here (the ticket moved, or a call failed),
+    /// or not taken in time (its claim released, so that a step delivers it
+    /// again at once).
     pub async fn deliver_granted(
         &self,
         key: PoolKey,
         digest: LeaseDigest,
         grant: TicketGrant,
-        for_up_to: Duration,
+        give_up_ms: u64,
     ) -> Outcome {
         let claim = DeliveryClaim {
             by: fastrand::u64(..),
@@ -267,7 +271,6 @@ impl Dispatcher {
         else {
             return Outcome::Left;
         };
-        let give_up_ms = now_ms() + for_up_to.as_millis() as u64;
         self.deliver_once(key, &item, grant, Some(claim), Some(give_up_ms))
             .await
     }
@@ -298,9 +301,9 @@ impl Dispatcher {
         let outcome = loop {
             let now = now_ms();
             if give_up_ms.is_some_and(|at| now >= at) && now < until {
-                // No attempt of ours is under way: a step may start the next
-                // at once (woken by our caller), rather than when our claim
-                // would have lapsed.
+                // No attempt of ours is under way: released, so that a step
+                // may start the next at once (woken by our caller), rather
+                // than when the claim would have lapsed.
                 let released = self.service.release_claim(&key, item, grant, by).await;
                 if let Err(err) = released {
                     tracing::warn!(error = %err, "a delivery claim was not released: it lapses");
@@ -347,18 +350,20 @@ impl Dispatcher {
                     // No claim, no attempt: try again after the pause.
                     last = format!("the ticket could not be claimed: {err}");
                     attempt += 1;
-                    pause(nap, until).await;
+                    pause(nap, give_up_ms.map_or(until, |at| at.min(until))).await;
                     continue;
                 }
             }
             // The attempt ends within its claim (its store calls took some of
             // it), so that no other dispatcher's can overlap it.
             let now = now_ms();
-            let attempt_until = until.min(
-                claim
-                    .until_ms
-                    .saturating_sub(CLAIM_MARGIN.as_millis() as u64),
-            );
+            let attempt_until = until
+                .min(
+                    claim
+                        .until_ms
+                        .saturating_sub(CLAIM_MARGIN.as_millis() as u64),
+                )
+                .min(give_up_ms.unwrap_or(u64::MAX));
             if attempt_until <= now {
                 attempt += 1;
                 continue;
@@ -387,7 +392,7 @@ impl Dispatcher {
                 Attempt::Retry(reason) => last = reason,
             }
             attempt += 1;
-            pause(nap, until).await;
+            pause(nap, give_up_ms.map_or(until, |at| at.min(until))).await;
         };
         let failed = outcome.is_err();
         self.log_delivery(&key, item, !failed, made);

@@ -147,3 +147,21 @@ async fn a_refused_grant_fails_returns_its_slot_and_wakes_the_dispatcher() {
     // Its slot may go on to another ticket: the dispatcher's to see.
     assert_eq!(f.sent.taken(), [now_wake(id)]);
 }
+
+#[tokio::test]
+async fn a_request_short_of_time_leaves_its_grants_to_the_dispatcher() {
+    let f = fixture(Duration::from_secs(1));
+    let (_release, released) = watch::channel(false);
+    let (addr, mut arrived) = receiver(released).await;
+    let id = PoolId(uuid::Uuid::new_v4());
+    let (holder, ticket) = held_with_a_ticket(&f, id, format!("http://{addr}/ok")).await;
+    // Less time left than an attempt and what follows it would need: the
+    // request keeps it for its own answer.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let budget = &mut Budget::new(Some(deadline));
+    assert!(f.service.return_lease(id, holder, budget).await.unwrap());
+    assert!(Instant::now() < deadline);
+    assert!(arrived.try_recv().is_err(), "no attempt");
+    assert_eq!(state(&f, id, ticket).await, TicketState::Waiting);
+    assert_eq!(f.sent.taken(), [now_wake(id)], "the dispatcher woken");
+}

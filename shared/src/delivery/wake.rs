@@ -9,7 +9,7 @@
 //! pending wake (`wk`): a step is idempotent, and a stray one costs a step.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD;
@@ -157,7 +157,7 @@ impl WakeOnGrant {
 
 #[async_trait]
 impl OnAsyncGrant for WakeOnGrant {
-    async fn granted(&self, key: &PoolKey, _: &[(LeaseDigest, TicketGrant)]) {
+    async fn granted(&self, key: &PoolKey, _: &[(LeaseDigest, TicketGrant)], _: Instant) {
         let wake = Wake {
             key: *key,
             at_ms: None,

@@ -57,6 +57,11 @@ pub(super) struct Harness<'a> {
     pub(super) stats: &'a mut Stats,
 }
 
+/// What a request keeps, past its hook's work on its grants, for the calls
+/// it makes after the granting write (a cancel's unlisting, say) and its
+/// answer.
+const HOOK_RESERVE: Duration = Duration::from_millis(1_000);
+
 impl Service {
     pub(super) fn ctx<'a>(&'a self, call: &'a mut Budget, wait: Duration) -> Harness<'a> {
         let now = Instant::now();
@@ -297,11 +302,18 @@ impl Harness<'_> {
 
     /// Tells the service's hook that the pool has grants for async tickets
     /// to deliver (`grants`, handed by a write; none when a slot is owed to
-    /// an enqueue that found it free), within the time the request has
-    /// left: the table's stream stays the backstop of a hook cut short.
+    /// an enqueue that found it free), by the time the request has left less
+    /// [`HOOK_RESERVE`] for its own later calls: the table's stream stays the
+    /// backstop of a hook cut short.
     pub(super) async fn granted_async(&self, key: &PoolKey, grants: &[(LeaseDigest, TicketGrant)]) {
         if let Some(hook) = self.on_async_grant {
-            let _ = tokio::time::timeout_at(self.answer_by.into(), hook.granted(key, grants)).await;
+            let now = Instant::now();
+            let by = self
+                .answer_by
+                .checked_sub(HOOK_RESERVE)
+                .unwrap_or(now)
+                .max(now);
+            let _ = tokio::time::timeout_at(by.into(), hook.granted(key, grants, by)).await;
         }
     }
 

@@ -8,6 +8,7 @@
 //! ticket, return or pool, so no slot is stranded by an answer nobody got.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::callback::CallbackPolicy;
 use crate::domain::{LeaseDigest, TicketGrant};
@@ -59,7 +60,9 @@ pub type Watch = Arc<dyn Fn(PoolKey) + Send + Sync>;
 pub trait OnAsyncGrant: Send + Sync {
     /// `grants`: the tickets the write handed slots to (lease digest, grant);
     /// none when a slot is owed to a ticket that a step has yet to grant.
-    async fn granted(&self, key: &PoolKey, grants: &[(LeaseDigest, TicketGrant)]);
+    /// `by`: when it must be done (it is cut there), so that the request
+    /// keeps time for the rest of its work and its answer.
+    async fn granted(&self, key: &PoolKey, grants: &[(LeaseDigest, TicketGrant)], by: Instant);
 }
 
 impl Service {
@@ -138,7 +141,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl OnAsyncGrant for Told {
-        async fn granted(&self, key: &PoolKey, _: &[(LeaseDigest, TicketGrant)]) {
+        async fn granted(&self, key: &PoolKey, _: &[(LeaseDigest, TicketGrant)], _: Instant) {
             self.0.lock().unwrap().push(*key);
         }
     }

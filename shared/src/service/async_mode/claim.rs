@@ -109,17 +109,12 @@ impl Service {
                     grant,
                     claim: Some(claim),
                 }),
-                // Recorded by another with its first attempt claimed (a
-                // route delivering its own write's grant): its, until the
-                // claim lapses.
-                Some(Ok(TicketUpdated::Lost(now_as)))
-                    if now_as.state == TicketState::Granted(grant)
-                        && now_as.claim.is_some_and(|c| c.until_ms > now) =>
-                {
-                    let until_ms = now_as.claim.map_or(now, |c| c.until_ms);
-                    Claimed::Elsewhere(now_as.digest(), until_ms)
+                Some(Ok(TicketUpdated::Lost(now_as))) => {
+                    match claimed_by_its_recorder(&now_as, grant, now) {
+                        Some(until_ms) => Claimed::Elsewhere(now_as.digest(), until_ms),
+                        None => Claimed::NotRecorded(now_as, live),
+                    }
                 }
-                Some(Ok(TicketUpdated::Lost(now_as))) => Claimed::NotRecorded(now_as, live),
                 Some(Ok(TicketUpdated::Gone)) => Claimed::NotRecorded(item, live),
                 Some(Err(err)) => Claimed::Failed(err.into()),
                 None => Claimed::Passed,
@@ -146,4 +141,19 @@ impl Service {
         }
         claimed
     }
+}
+
+/// When a ticket's grant was recorded by another with a claim that is live
+/// at `now_ms` (a route delivering its own write's grant, or another step):
+/// the claim's lapse, until which the delivery is its recorder's.
+pub(super) fn claimed_by_its_recorder(
+    item: &TicketItem,
+    grant: TicketGrant,
+    now_ms: u64,
+) -> Option<u64> {
+    (item.state == TicketState::Granted(grant))
+        .then_some(item.claim)
+        .flatten()
+        .map(|c| c.until_ms)
+        .filter(|until| *until > now_ms)
 }

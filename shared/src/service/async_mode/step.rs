@@ -17,7 +17,7 @@ use crate::service::{Budget, Service};
 use crate::store::{Record, TicketStore, TicketUpdated, Updated};
 
 use super::admit;
-use super::claim::Claimed;
+use super::claim::{claimed_by_its_recorder, Claimed};
 
 /// A grant the dispatcher recorded, to deliver.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -385,9 +385,7 @@ impl Service {
                         }
                         Claimed::Elsewhere(digest, until_ms) => {
                             leave.push(digest);
-                            step.claimed_elsewhere.push((digest, until_ms));
-                            step.claim_lapses_ms =
-                                Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
+                            step.claimed_until(digest, until_ms);
                         }
                         Claimed::NotRecorded(item, live) => not_recorded.push((item, live)),
                         Claimed::Passed => {}
@@ -411,7 +409,17 @@ impl Service {
                             grant,
                             claim: None,
                         }),
-                        Ok(TicketUpdated::Lost(now_as)) => not_recorded.push((now_as, live)),
+                        // Its recorder's (with a live claim): looked at again
+                        // when the claim lapses.
+                        Ok(TicketUpdated::Lost(now_as)) => {
+                            match claimed_by_its_recorder(&now_as, grant, now) {
+                                Some(until_ms) => {
+                                    leave.push(now_as.digest());
+                                    step.claimed_until(now_as.digest(), until_ms);
+                                }
+                                None => not_recorded.push((now_as, live)),
+                            }
+                        }
                         Ok(TicketUpdated::Gone) => not_recorded.push((item, live)),
                         Err(err) => {
                             failed.get_or_insert(err.into());
@@ -462,6 +470,13 @@ impl Service {
 }
 
 impl Step {
+    /// The ticket of `digest` is another's delivery until `until_ms`: the
+    /// step looks at it again then (in case its claimer died).
+    pub(super) fn claimed_until(&mut self, digest: LeaseDigest, until_ms: u64) {
+        self.claimed_elsewhere.push((digest, until_ms));
+        self.claim_lapses_ms = Some(self.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
+    }
+
     /// The step's outcome from the pool as it leaves it: each grant to
     /// deliver once, the pool's flag and depth, and when to step again.
     fn finish(&mut self, pool: &Pool, now: u64) {

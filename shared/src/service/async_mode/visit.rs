@@ -61,9 +61,7 @@ impl Service {
             // Another dispatcher's attempt is under way: its own.
             TicketStep::Claimed { until_ms } => {
                 leave.push(digest);
-                step.claimed_elsewhere.push((digest, until_ms));
-                step.claim_lapses_ms =
-                    Some(step.claim_lapses_ms.map_or(until_ms, |w| w.min(until_ms)));
+                step.claimed_until(digest, until_ms);
                 false
             }
             // Its lease ended undelivered: nobody holds the slot to return.
