@@ -298,9 +298,11 @@ impl Dispatcher {
         let mut last = String::from("no attempt");
         let mut attempt = 0u32;
         let mut made = 0u32;
+        // Where its attempts and pauses stop: the bound, or giving up first.
+        let stop = give_up_ms.map_or(until, |at| at.min(until));
         let outcome = loop {
             let now = now_ms();
-            if give_up_ms.is_some_and(|at| now >= at) && now < until {
+            if now >= stop && now < until {
                 // No attempt of ours is under way: released, so that a step
                 // may start the next at once (woken by our caller), rather
                 // than when the claim would have lapsed.
@@ -350,20 +352,18 @@ impl Dispatcher {
                     // No claim, no attempt: try again after the pause.
                     last = format!("the ticket could not be claimed: {err}");
                     attempt += 1;
-                    pause(nap, give_up_ms.map_or(until, |at| at.min(until))).await;
+                    pause(nap, stop).await;
                     continue;
                 }
             }
             // The attempt ends within its claim (its store calls took some of
             // it), so that no other dispatcher's can overlap it.
             let now = now_ms();
-            let attempt_until = until
-                .min(
-                    claim
-                        .until_ms
-                        .saturating_sub(CLAIM_MARGIN.as_millis() as u64),
-                )
-                .min(give_up_ms.unwrap_or(u64::MAX));
+            let attempt_until = stop.min(
+                claim
+                    .until_ms
+                    .saturating_sub(CLAIM_MARGIN.as_millis() as u64),
+            );
             if attempt_until <= now {
                 attempt += 1;
                 continue;
@@ -392,7 +392,7 @@ impl Dispatcher {
                 Attempt::Retry(reason) => last = reason,
             }
             attempt += 1;
-            pause(nap, give_up_ms.map_or(until, |at| at.min(until))).await;
+            pause(nap, stop).await;
         };
         let failed = outcome.is_err();
         self.log_delivery(&key, item, !failed, made);

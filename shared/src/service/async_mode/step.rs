@@ -470,6 +470,16 @@ impl Service {
 }
 
 impl Step {
+    /// The granted ticket of `item` is delivered again (its delivery was
+    /// cut short, or is under way unclaimed): unclaimed, for the caller.
+    pub(super) fn redeliver(&mut self, item: TicketItem, grant: TicketGrant) {
+        self.deliver.push(ToDeliver {
+            item,
+            grant,
+            claim: None,
+        });
+    }
+
     /// The ticket of `digest` is another's delivery until `until_ms`: the
     /// step looks at it again then (in case its claimer died).
     pub(super) fn claimed_until(&mut self, digest: LeaseDigest, until_ms: u64) {

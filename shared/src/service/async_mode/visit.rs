@@ -12,7 +12,7 @@ use crate::service::harness::{write, Harness};
 use crate::service::Service;
 use crate::store::Record;
 
-use super::step::{Round, ToDeliver};
+use super::step::Round;
 
 impl Service {
     /// Makes the writes `ticket_step` (what [`Pool::ticket_step`] says of
@@ -51,11 +51,7 @@ impl Service {
             // short by a crash): listed until it ends, so that a
             // later step delivers it again.
             TicketStep::Redeliver(grant) => {
-                step.deliver.push(ToDeliver {
-                    grant,
-                    item,
-                    claim: None,
-                });
+                step.redeliver(item, grant);
                 false
             }
             // Another dispatcher's attempt is under way: its own.
@@ -79,11 +75,7 @@ impl Service {
                         true
                     }
                     TicketStep::Redeliver(grant) => {
-                        step.deliver.push(ToDeliver {
-                            grant,
-                            item,
-                            claim: None,
-                        });
+                        step.redeliver(item, grant);
                         false
                     }
                     _ => false,
