@@ -170,6 +170,7 @@ def test_a_returns_grant_reaches_the_receiver_before_it_answers(stack: Stack, re
         # Batches that began their wait before it: invoked by now.
         time.sleep(0.5)
         batches = stack.source("StreamSource")["batches_invoked"]
+        returning = time.time()
         assert stack.api("POST", f"/l/{pool}/return", {"lease": held["lease"]}).body == {"returned": True}
         answered = time.time()
         grant = receiver.wait(path, timeout=1)
@@ -178,12 +179,33 @@ def test_a_returns_grant_reaches_the_receiver_before_it_answers(stack: Stack, re
     assert grant.at <= answered
     assert grant.headers["authorization"] == "Bearer early"
     # Nothing left to the dispatcher: no wake sent. The ticket's writes were the return
-    # function's, allowed by its role.
+    # function's, allowed by its role. (Other tests' returns came before it.)
     assert not [m for m in stack.wake_messages(pool) if "at" not in m["wake"]], stack.wake_messages(pool)
-    calls = stack.admin_get("/calls?function=ReturnFunction")["calls"]
+    calls = [c for c in stack.admin_get("/calls?function=ReturnFunction")["calls"] if c["at"] >= returning]
     assert not [c for c in calls if c["action"] == "sqs:SendMessage"], calls
     writes = [c for c in calls if c["action"] == "dynamodb:UpdateItem"]
     assert len(writes) >= 3 and all(c["allowed"] for c in writes), writes
+
+
+def test_a_return_that_frees_a_slot_while_tickets_wait_unadmitted_wakes_the_dispatcher(
+    stack: Stack, receiver: Receiver
+) -> None:
+    # Issue #26: a return that leaves its slot free while tickets wait in the backlog (not yet
+    # admitted to the queue) wakes the dispatcher through the queue to admit them, rather
+    # than leave the slot idle until the table's stream gets to it.
+    pool, held = held_pool(stack, ttl=60)
+    with stream_delay(stack, SLOW_STREAM_MS):
+        time.sleep(0.5)
+        lease, path = enqueue(stack, receiver, pool, "backlog")
+        assert not admitted(stack, pool), "admitted before the return"
+        returning = time.time()
+        assert stack.api("POST", f"/l/{pool}/return", {"lease": held["lease"]}).body == {"returned": True}
+        grant = receiver.wait(path, timeout=SLOW_STREAM_MS / 1000 - 1)
+    assert grant.at - returning < 2.0
+    assert grant.headers["authorization"] == "Bearer backlog"
+    eventually(lambda: ticket(stack, pool, lease)["state"] == "delivered", "delivered")
+    calls = [c for c in stack.admin_get("/calls?function=ReturnFunction")["calls"] if c["at"] >= returning]
+    assert [c for c in calls if c["action"] == "sqs:SendMessage"], calls
 
 
 def test_a_hanging_receiver_holds_up_no_other_pool(stack: Stack, receiver: Receiver) -> None:

@@ -9,10 +9,10 @@ use crate::callback::CallbackPolicy;
 use crate::delivery::test_support::{receiver, Sent};
 use crate::delivery::wake::Wake;
 use crate::delivery::Caller;
-use crate::domain::{Callback, TicketState};
+use crate::domain::{Callback, CompactionPlan, TicketState, Update};
 use crate::keys::{LeaseId, PoolId};
 use crate::service::{BorrowRequest, Budget, EnqueueRequest, Service};
-use crate::store::MemoryStore;
+use crate::store::{Created, MemoryStore, PoolStore, Record, StoreError, Updated};
 use crate::Limits;
 
 struct Fixture {
@@ -164,4 +164,168 @@ async fn a_request_short_of_time_leaves_its_grants_to_the_dispatcher() {
     assert!(arrived.try_recv().is_err(), "no attempt");
     assert_eq!(state(&f, id, ticket).await, TicketState::Waiting);
     assert_eq!(f.sent.taken(), [now_wake(id)], "the dispatcher woken");
+}
+
+/// A store whose next pool write first lets `before` run (another request's
+/// write lands between a request's read and its own).
+struct Between {
+    inner: Arc<MemoryStore>,
+    before: std::sync::Mutex<Option<futures_util::future::BoxFuture<'static, ()>>>,
+}
+
+#[async_trait]
+impl PoolStore for Between {
+    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
+        self.inner.load(key).await
+    }
+
+    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
+        self.inner.create(key, record).await
+    }
+
+    async fn update(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let before = self.before.lock().unwrap().take();
+        if let Some(before) = before {
+            before.await;
+        }
+        self.inner.update(key, read, update).await
+    }
+
+    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
+        self.inner.delete(key).await
+    }
+
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        self.inner.compact(key, read, plan).await
+    }
+}
+
+#[tokio::test]
+async fn a_return_delivers_its_own_grant_not_one_that_landed_after_its_read() {
+    let memory = Arc::new(MemoryStore::new());
+    let store = Arc::new(Between {
+        inner: memory.clone(),
+        before: std::sync::Mutex::new(None),
+    });
+    let policy = CallbackPolicy { allow_local: true };
+    let bound = Duration::from_secs(1);
+    let service = Service::new(store.clone(), Limits::default())
+        .with_tickets(memory)
+        .with_callback_policy(policy);
+    let dispatcher = Dispatcher::new(
+        Arc::new(service.clone()),
+        Caller::new(policy, bound).unwrap(),
+    );
+    let sent = Arc::new(Sent::default());
+    let hook = DeliverOnGrant::new(Arc::new(dispatcher), Some(WakeOnGrant::new(sent.clone())));
+    let f = Fixture {
+        service: service.with_on_async_grant(Arc::new(hook.with_bound(bound))),
+        sent,
+    };
+    let (_release, released) = watch::channel(false);
+    let (addr, mut arrived) = receiver(released).await;
+    // Two slots, both held; two tickets in line.
+    let id = PoolId(uuid::Uuid::new_v4());
+    let budget = &mut Budget::new(None);
+    f.service.register(id, 2, budget).await.unwrap();
+    let mut holders = Vec::new();
+    for _ in 0..2 {
+        let lease = LeaseId::new_random();
+        let borrow = BorrowRequest {
+            ttl_ms: 60_000,
+            wait_ms: 0,
+            lease,
+        };
+        f.service.borrow(id, borrow, budget).await.unwrap();
+        holders.push(lease);
+    }
+    let mut tickets = Vec::new();
+    for path in ["/ok-first", "/ok-second"] {
+        let lease = LeaseId::new_random();
+        let enqueue = EnqueueRequest {
+            ttl_ms: 30_000,
+            wait_ms: Some(60_000),
+            lease,
+            callback: Callback {
+                url: format!("http://{addr}{path}"),
+                token: "t".into(),
+            },
+        };
+        f.service.enqueue(id, enqueue, budget).await.unwrap();
+        tickets.push(lease);
+    }
+    f.service
+        .dispatch_step(&id.key(), &[], budget)
+        .await
+        .unwrap();
+    // The second holder's return reads the pool; the first holder's return
+    // lands before its write (handing the first ticket its slot, and
+    // delivering it), then its own write hands the second ticket the other.
+    let other = f.service.clone();
+    let first = holders[0];
+    *store.before.lock().unwrap() = Some(Box::pin(async move {
+        let budget = &mut Budget::new(None);
+        assert!(other.return_lease(id, first, budget).await.unwrap());
+    }));
+    assert!(f
+        .service
+        .return_lease(id, holders[1], budget)
+        .await
+        .unwrap());
+    let mut paths = vec![arrived.try_recv().unwrap(), arrived.try_recv().unwrap()];
+    paths.sort();
+    assert_eq!(paths, ["/ok-first", "/ok-second"], "each delivered once");
+    assert!(arrived.try_recv().is_err(), "nothing twice");
+    for ticket in tickets {
+        let state = state(&f, id, ticket).await;
+        assert!(matches!(state, TicketState::Delivered { .. }), "{state:?}");
+    }
+    // The later write did not take the earlier grant for its own: it
+    // neither tried to record it nor woke the dispatcher for it.
+    assert_eq!(f.sent.taken(), [], "nothing left to the dispatcher");
+}
+
+#[tokio::test]
+async fn a_return_that_frees_a_slot_while_tickets_wait_unadmitted_wakes_the_dispatcher() {
+    let f = fixture(Duration::from_secs(1));
+    let id = PoolId(uuid::Uuid::new_v4());
+    let budget = &mut Budget::new(None);
+    f.service.register(id, 1, budget).await.unwrap();
+    let holder = LeaseId::new_random();
+    let borrow = BorrowRequest {
+        ttl_ms: 60_000,
+        wait_ms: 0,
+        lease: holder,
+    };
+    f.service.borrow(id, borrow, budget).await.unwrap();
+    let ticket = LeaseId::new_random();
+    let enqueue = EnqueueRequest {
+        ttl_ms: 30_000,
+        wait_ms: Some(60_000),
+        lease: ticket,
+        callback: Callback {
+            url: "http://127.0.0.1:9/never".into(),
+            token: "t".into(),
+        },
+    };
+    f.service.enqueue(id, enqueue, budget).await.unwrap();
+    assert_eq!(f.sent.taken(), [], "the slot was held: nothing to do yet");
+    // Not admitted yet (no step since): the return frees the slot to nobody.
+    assert!(f.service.return_lease(id, holder, budget).await.unwrap());
+    assert_eq!(state(&f, id, ticket).await, TicketState::Waiting);
+    assert_eq!(
+        f.sent.taken(),
+        [now_wake(id)],
+        "the dispatcher woken to admit it, not left to the stream"
+    );
 }

@@ -51,6 +51,30 @@ impl Pool {
         max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS)
     }
 
+    /// Whether the write that left this pool, planned from `before`, made
+    /// admission due: room in the line that `before` had not, or a slot
+    /// free with nobody in the line to hand it to while tickets wait in the
+    /// backlog.
+    pub fn admission_due_since(
+        &self,
+        before: &Pool,
+        max_waiters: usize,
+        window: usize,
+        now_ms: u64,
+    ) -> bool {
+        if self.admission_room(max_waiters, window) == 0 {
+            return false;
+        }
+        before.admission_room(max_waiters, window) == 0
+            || (self.slot_idle(now_ms) && !before.slot_idle(now_ms))
+    }
+
+    /// A slot free and nobody in the line to hand it to.
+    fn slot_idle(&self, now_ms: u64) -> bool {
+        let state = self.state(now_ms);
+        state.available > state.waiting
+    }
+
     /// Admission: appends the backlog's next waiting tickets to the queue in
     /// number order and moves `admitted` past them (and past tickets that
     /// ended, and numbers no ticket will come for), in one write conditioned
@@ -178,6 +202,27 @@ impl Pool {
             .collect()
     }
 
+    /// The grants to listed async tickets made by the write that left this
+    /// pool, which took its last `fences` fences: each ticket's lease digest
+    /// and its grant, in listing order. Not [`Pool::async_grants_since`] the
+    /// writer's read: a write conditioned on less than the whole item lands
+    /// after others that granted since that read, and their grants are
+    /// their writers' to deliver.
+    pub fn async_grants_of_write(&self, fences: u64) -> Vec<(LeaseDigest, TicketGrant)> {
+        let end = self.base_us.saturating_add(self.next_fence);
+        let start = end.saturating_sub(fences);
+        self.line
+            .listed
+            .iter()
+            .filter_map(|(digest, _)| {
+                let lease = self.lease_of(*digest)?;
+                (start..end)
+                    .contains(&lease.fence)
+                    .then(|| (*digest, TicketGrant::of(&lease)))
+            })
+            .collect()
+    }
+
     /// Unlists an async ticket (its grant recorded, or it left the queue),
     /// conditioned on its listing.
     pub fn plan_unlist(&self, digest: LeaseDigest) -> Option<Update> {
@@ -281,6 +326,11 @@ mod tests {
         assert_eq!(granted.len(), 1, "the one ticket handed a slot");
         assert_eq!((granted[0].0, granted[0].1.position), (d(2), 0));
         assert!(!pool.granted_async_since(&pool), "nothing new");
+        assert_eq!(pool.async_grants_of_write(1), granted, "the return's own");
+        assert!(
+            pool.async_grants_of_write(0).is_empty(),
+            "a write without fences"
+        );
         let unlist = pool.plan_unlist(d(2)).expect("listed");
         pool = pool.apply(&unlist).expect("holds");
         assert_eq!(pool.listed_number(d(2)), None);
@@ -383,5 +433,42 @@ mod tests {
         let update = pool.plan_admit(&backlog[2..], now, 3, 32).expect("admits");
         pool = pool.apply(&update).expect("holds");
         assert_eq!(pool.queue().len(), 3, "no more than max_waiters");
+    }
+
+    #[test]
+    fn a_write_that_leaves_the_line_short_makes_admission_due() {
+        let now = 1_000_000;
+        let mut pool = Pool::new(1, 0);
+        borrow(&mut pool, 1, 60_000, now);
+        number(&mut pool, 3);
+        let backlog: Vec<TicketItem> = (0..3u8)
+            .map(|i| backlog_item(10 + i, u64::from(i), now, true))
+            .collect();
+        let update = pool.plan_admit(&backlog, now, WAITERS, 2).expect("admits");
+        pool = pool.apply(&update).expect("holds");
+        // Two in line (more than half the window of 2), one in the backlog.
+        assert_eq!(pool.admission_room(WAITERS, 2), 0);
+        let full = pool.clone();
+        // A return hands the slot to the first: one left in line, room.
+        assert!(give_back(&mut pool, 1, now));
+        assert!(pool.admission_due_since(&full, WAITERS, 2, now), "crossed");
+        // A write from a read that had the room already: not again, while
+        // every slot is held.
+        assert!(!pool.admission_due_since(&pool, WAITERS, 2, now));
+        // A write that leaves a slot free with nobody in line to take it, a
+        // backlog waiting: due, though its read had the room already.
+        let mut idle = pool.clone();
+        assert!(give_back(&mut idle, 10, now));
+        let before = idle.clone();
+        assert!(give_back(&mut idle, 11, now));
+        assert_eq!((idle.queue().len(), idle.state(now).available), (0, 1));
+        assert!(
+            idle.admission_due_since(&before, WAITERS, 2, now),
+            "a slot idle"
+        );
+        // From a read that had it idle already: the write that made it so woke.
+        assert!(!idle.admission_due_since(&idle, WAITERS, 2, now));
+        // No backlog: nothing to admit.
+        assert!(!Pool::new(1, 0).admission_due_since(&full, WAITERS, 2, now));
     }
 }

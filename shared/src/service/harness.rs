@@ -13,7 +13,7 @@ use crate::keys::PoolKey;
 use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
 use semaphore_wire::Backoff;
 
-use super::{OnAsyncGrant, Service, Timing, Watch};
+use super::{OnAsyncGrant, Service, Timing, Watch, ASYNC_WINDOW};
 
 /// What one request cost, for its log line and metrics.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,6 +55,8 @@ pub(super) struct Harness<'a> {
     pub(super) timing: Timing,
     pub(super) answer_by: Instant,
     pub(super) stats: &'a mut Stats,
+    /// The queue's bound (limits): when a write makes admission due.
+    pub(super) max_waiters: usize,
 }
 
 /// What a request keeps, past its hook's work on its grants, for the calls
@@ -80,6 +82,7 @@ impl Service {
             timing: self.timing,
             answer_by,
             stats: &mut call.stats,
+            max_waiters: self.limits.max_waiters,
         }
     }
 }
@@ -213,7 +216,21 @@ impl Harness<'_> {
             // As the stream's filter passes writes to the dispatcher.
             Ok(Updated::Written(record)) if record.pool.line().active => {
                 self.changed(key);
-                let grants = record.pool.async_grants_since(&read.pool);
+                // The line run short by this write: the dispatcher woken to
+                // admit at once (with the free slots it then hands on), not
+                // when the table's stream gets to it, so that slots do not
+                // stand idle while tickets wait in the backlog.
+                let due = record.pool.admission_due_since(
+                    &read.pool,
+                    self.max_waiters,
+                    ASYNC_WINDOW,
+                    now_ms(),
+                );
+                if due {
+                    self.granted_async(key, &[]).await;
+                }
+                // Its own grants: others that landed since `read` are theirs.
+                let grants = record.pool.async_grants_of_write(update.fences());
                 if !grants.is_empty() {
                     self.granted_async(key, &grants).await;
                 }
@@ -246,7 +263,7 @@ impl Harness<'_> {
                     // The undo may hand its slot to an async ticket.
                     if after.pool.line().active {
                         self.changed(key);
-                        let grants = after.pool.async_grants_since(&record.pool);
+                        let grants = after.pool.async_grants_of_write(undo.fences());
                         if !grants.is_empty() {
                             self.granted_async(key, &grants).await;
                         }
