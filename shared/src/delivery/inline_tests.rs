@@ -23,9 +23,14 @@ struct Fixture {
 /// A route function's service: its grants delivered within `bound`.
 fn fixture(bound: Duration) -> Fixture {
     let store = Arc::new(MemoryStore::new());
+    fixture_over(store.clone(), store, bound)
+}
+
+/// [`fixture`] with its pools in `store`.
+fn fixture_over(store: Arc<dyn PoolStore>, tickets: Arc<MemoryStore>, bound: Duration) -> Fixture {
     let policy = CallbackPolicy { allow_local: true };
-    let service = Service::new(store.clone(), Limits::default())
-        .with_tickets(store)
+    let service = Service::new(store, Limits::default())
+        .with_tickets(tickets)
         .with_callback_policy(policy);
     let caller = Caller::new(policy, bound).unwrap();
     let dispatcher = Dispatcher::new(Arc::new(service.clone()), caller);
@@ -38,29 +43,47 @@ fn fixture(bound: Duration) -> Fixture {
     }
 }
 
-/// A pool of one slot, held, and an async ticket calling back `url`,
-/// admitted to its queue: the holder's lease and the ticket's.
-async fn held_with_a_ticket(f: &Fixture, id: PoolId, url: String) -> (LeaseId, LeaseId) {
-    let budget = &mut Budget::new(None);
-    f.service.register(id, 1, budget).await.unwrap();
-    let holder = LeaseId::new_random();
+/// A slot of the pool, held for a minute: its lease.
+async fn hold(f: &Fixture, id: PoolId) -> LeaseId {
+    let lease = LeaseId::new_random();
     let borrow = BorrowRequest {
         ttl_ms: 60_000,
         wait_ms: 0,
-        lease: holder,
+        lease,
     };
-    f.service.borrow(id, borrow, budget).await.unwrap();
-    let ticket = LeaseId::new_random();
+    f.service
+        .borrow(id, borrow, &mut Budget::new(None))
+        .await
+        .unwrap();
+    lease
+}
+
+/// An async ticket calling back `url`: its lease.
+async fn enqueue_to(f: &Fixture, id: PoolId, url: String) -> LeaseId {
+    let lease = LeaseId::new_random();
     let enqueue = EnqueueRequest {
         ttl_ms: 30_000,
         wait_ms: Some(60_000),
-        lease: ticket,
+        lease,
         callback: Callback {
             url,
             token: "t".into(),
         },
     };
-    f.service.enqueue(id, enqueue, budget).await.unwrap();
+    f.service
+        .enqueue(id, enqueue, &mut Budget::new(None))
+        .await
+        .unwrap();
+    lease
+}
+
+/// A pool of one slot, held, and an async ticket calling back `url`,
+/// admitted to its queue: the holder's lease and the ticket's.
+async fn held_with_a_ticket(f: &Fixture, id: PoolId, url: String) -> (LeaseId, LeaseId) {
+    let budget = &mut Budget::new(None);
+    f.service.register(id, 1, budget).await.unwrap();
+    let holder = hold(f, id).await;
+    let ticket = enqueue_to(f, id, url).await;
     // The dispatcher's step admits it (the slot is held: no grant yet).
     f.service
         .dispatch_step(&id.key(), &[], budget)
@@ -217,52 +240,17 @@ async fn a_return_delivers_its_own_grant_not_one_that_landed_after_its_read() {
         inner: memory.clone(),
         before: std::sync::Mutex::new(None),
     });
-    let policy = CallbackPolicy { allow_local: true };
-    let bound = Duration::from_secs(1);
-    let service = Service::new(store.clone(), Limits::default())
-        .with_tickets(memory)
-        .with_callback_policy(policy);
-    let dispatcher = Dispatcher::new(
-        Arc::new(service.clone()),
-        Caller::new(policy, bound).unwrap(),
-    );
-    let sent = Arc::new(Sent::default());
-    let hook = DeliverOnGrant::new(Arc::new(dispatcher), Some(WakeOnGrant::new(sent.clone())));
-    let f = Fixture {
-        service: service.with_on_async_grant(Arc::new(hook.with_bound(bound))),
-        sent,
-    };
+    let f = fixture_over(store.clone(), memory, Duration::from_secs(1));
     let (_release, released) = watch::channel(false);
     let (addr, mut arrived) = receiver(released).await;
     // Two slots, both held; two tickets in line.
     let id = PoolId(uuid::Uuid::new_v4());
     let budget = &mut Budget::new(None);
     f.service.register(id, 2, budget).await.unwrap();
-    let mut holders = Vec::new();
-    for _ in 0..2 {
-        let lease = LeaseId::new_random();
-        let borrow = BorrowRequest {
-            ttl_ms: 60_000,
-            wait_ms: 0,
-            lease,
-        };
-        f.service.borrow(id, borrow, budget).await.unwrap();
-        holders.push(lease);
-    }
+    let holders = [hold(&f, id).await, hold(&f, id).await];
     let mut tickets = Vec::new();
     for path in ["/ok-first", "/ok-second"] {
-        let lease = LeaseId::new_random();
-        let enqueue = EnqueueRequest {
-            ttl_ms: 30_000,
-            wait_ms: Some(60_000),
-            lease,
-            callback: Callback {
-                url: format!("http://{addr}{path}"),
-                token: "t".into(),
-            },
-        };
-        f.service.enqueue(id, enqueue, budget).await.unwrap();
-        tickets.push(lease);
+        tickets.push(enqueue_to(&f, id, format!("http://{addr}{path}")).await);
     }
     f.service
         .dispatch_step(&id.key(), &[], budget)
@@ -301,24 +289,8 @@ async fn a_return_that_frees_a_slot_while_tickets_wait_unadmitted_wakes_the_disp
     let id = PoolId(uuid::Uuid::new_v4());
     let budget = &mut Budget::new(None);
     f.service.register(id, 1, budget).await.unwrap();
-    let holder = LeaseId::new_random();
-    let borrow = BorrowRequest {
-        ttl_ms: 60_000,
-        wait_ms: 0,
-        lease: holder,
-    };
-    f.service.borrow(id, borrow, budget).await.unwrap();
-    let ticket = LeaseId::new_random();
-    let enqueue = EnqueueRequest {
-        ttl_ms: 30_000,
-        wait_ms: Some(60_000),
-        lease: ticket,
-        callback: Callback {
-            url: "http://127.0.0.1:9/never".into(),
-            token: "t".into(),
-        },
-    };
-    f.service.enqueue(id, enqueue, budget).await.unwrap();
+    let holder = hold(&f, id).await;
+    let ticket = enqueue_to(&f, id, "http://127.0.0.1:9/never".into()).await;
     assert_eq!(f.sent.taken(), [], "the slot was held: nothing to do yet");
     // Not admitted yet (no step since): the return frees the slot to nobody.
     assert!(f.service.return_lease(id, holder, budget).await.unwrap());
