@@ -219,13 +219,15 @@ impl Harness<'_> {
                 // The line run short by this write: the dispatcher woken to
                 // admit at once (with the free slots it then hands on), not
                 // when the table's stream gets to it, so that slots do not
-                // stand idle while tickets wait in the backlog.
-                let due = record.pool.admission_due_since(
-                    &read.pool,
-                    self.max_waiters,
-                    ASYNC_WINDOW,
-                    now_ms(),
-                );
+                // stand idle while tickets wait in the backlog. (Only a
+                // service with the hook tells anyone: a route function's.)
+                let due = self.on_async_grant.is_some()
+                    && record.pool.admission_due_since(
+                        &read.pool,
+                        self.max_waiters,
+                        ASYNC_WINDOW,
+                        now_ms(),
+                    );
                 if due {
                     self.granted_async(key, &[]).await;
                 }
