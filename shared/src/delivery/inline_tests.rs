@@ -301,3 +301,16 @@ async fn a_return_that_frees_a_slot_while_tickets_wait_unadmitted_wakes_the_disp
         "the dispatcher woken to admit it, not left to the stream"
     );
 }
+
+#[tokio::test]
+async fn a_resize_up_that_leaves_a_slot_owed_to_a_ticket_wakes_the_dispatcher() {
+    let f = fixture(Duration::from_secs(1));
+    let id = PoolId(uuid::Uuid::new_v4());
+    let (_holder, ticket) = held_with_a_ticket(&f, id, "http://127.0.0.1:9/never".into()).await;
+    assert_eq!(f.sent.taken(), []);
+    // The resize's write hands nothing on: the dispatcher's step does.
+    let budget = &mut Budget::new(None);
+    f.service.register(id, 2, budget).await.unwrap();
+    assert_eq!(state(&f, id, ticket).await, TicketState::Waiting);
+    assert_eq!(f.sent.taken(), [now_wake(id)], "the dispatcher woken");
+}

@@ -51,22 +51,31 @@ impl Pool {
         max_waiters.saturating_sub(self.queue.len()).min(MAX_ADMITS)
     }
 
-    /// Whether the write that left this pool, planned from `before`, made
-    /// admission due: room in the line that `before` had not, or a slot
-    /// free with nobody in the line to hand it to while tickets wait in the
-    /// backlog.
-    pub fn admission_due_since(
+    /// Whether the write that left this pool, planned from `before`, left
+    /// the dispatcher work that no grant of its names: room in the line for
+    /// admission that `before` had not, or a slot it left free with nobody
+    /// in the line while tickets wait in the backlog, or free slots owed to
+    /// async tickets in the queue (a resize up) that `before` did not owe.
+    pub fn dispatch_due_since(
         &self,
         before: &Pool,
         max_waiters: usize,
         window: usize,
         now_ms: u64,
     ) -> bool {
-        if self.admission_room(max_waiters, window) == 0 {
-            return false;
-        }
-        before.admission_room(max_waiters, window) == 0
-            || (self.slot_idle(now_ms) && !before.slot_idle(now_ms))
+        let admission = self.admission_room(max_waiters, window) > 0
+            && (before.admission_room(max_waiters, window) == 0
+                || (self.slot_idle(now_ms) && !before.slot_idle(now_ms)));
+        admission || (self.owes_async(now_ms) && !before.owes_async(now_ms))
+    }
+
+    /// Free slots owed to the queue, an async ticket in it: the
+    /// dispatcher's to hand on ([`Pool::plan_serve`]).
+    fn owes_async(&self, now_ms: u64) -> bool {
+        self.queue
+            .iter()
+            .any(|t| self.listed_number(t.holder.digest).is_some())
+            && self.plan_serve(now_ms).is_some()
     }
 
     /// A slot free and nobody in the line to hand it to.
@@ -451,10 +460,10 @@ mod tests {
         let full = pool.clone();
         // A return hands the slot to the first: one left in line, room.
         assert!(give_back(&mut pool, 1, now));
-        assert!(pool.admission_due_since(&full, WAITERS, 2, now), "crossed");
+        assert!(pool.dispatch_due_since(&full, WAITERS, 2, now), "crossed");
         // A write from a read that had the room already: not again, while
         // every slot is held.
-        assert!(!pool.admission_due_since(&pool, WAITERS, 2, now));
+        assert!(!pool.dispatch_due_since(&pool, WAITERS, 2, now));
         // A write that leaves a slot free with nobody in line to take it, a
         // backlog waiting: due, though its read had the room already.
         let mut idle = pool.clone();
@@ -463,12 +472,28 @@ mod tests {
         assert!(give_back(&mut idle, 11, now));
         assert_eq!((idle.queue().len(), idle.state(now).available), (0, 1));
         assert!(
-            idle.admission_due_since(&before, WAITERS, 2, now),
+            idle.dispatch_due_since(&before, WAITERS, 2, now),
             "a slot idle"
         );
         // From a read that had it idle already: the write that made it so woke.
-        assert!(!idle.admission_due_since(&idle, WAITERS, 2, now));
+        assert!(!idle.dispatch_due_since(&idle, WAITERS, 2, now));
         // No backlog: nothing to admit.
-        assert!(!Pool::new(1, 0).admission_due_since(&full, WAITERS, 2, now));
+        assert!(!Pool::new(1, 0).dispatch_due_since(&full, WAITERS, 2, now));
+        // A resize up leaves a slot free for the async ticket in line (no
+        // backlog left): owed to it, the dispatcher's to hand on.
+        let mut grown = Pool::new(1, 0);
+        borrow(&mut grown, 1, 60_000, now);
+        number(&mut grown, 1);
+        let update = grown
+            .plan_admit(&[backlog_item(10, 0, now, true)], now, WAITERS, 2)
+            .expect("admits");
+        grown = grown.apply(&update).expect("holds");
+        let before = grown.clone();
+        assert!(!before.dispatch_due_since(&before, WAITERS, 2, now));
+        grown = grown
+            .apply(&grown.plan_resize(2, now).expect("grows"))
+            .expect("holds");
+        assert!(grown.dispatch_due_since(&before, WAITERS, 2, now), "owed");
+        assert!(!grown.dispatch_due_since(&grown, WAITERS, 2, now));
     }
 }

@@ -4,7 +4,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use futures_util::future::join_all;
+use futures_util::future::{join, join_all};
 
 use crate::clock::now_ms;
 use crate::domain::{Holder, LeaseDigest, TicketGrant, Update};
@@ -205,39 +205,52 @@ impl Harness<'_> {
             }
             (result, _) => result,
         };
+        // What the write did, decided from the record as it landed (a
+        // compaction after it lands on whatever others wrote since).
+        let told = match &result {
+            Ok(Updated::Written(landed)) if landed.pool.line().active => {
+                // Its own grants: others that landed since `read` are theirs.
+                let grants = landed.pool.async_grants_of_write(update.fences());
+                // Work it left the dispatcher that no grant names (the line
+                // run short, a slot idle while tickets wait unadmitted, free
+                // slots owed to async tickets): woken at once, not when the
+                // table's stream gets to it. Only a service with the hook
+                // tells anyone (a route function's).
+                let due = self.on_async_grant.is_some()
+                    && landed.pool.dispatch_due_since(
+                        &read.pool,
+                        self.max_waiters,
+                        ASYNC_WINDOW,
+                        now_ms(),
+                    );
+                Some((grants, due))
+            }
+            _ => None,
+        };
         let result = match result {
             Ok(Updated::Written(record)) => Ok(Updated::Written(
                 self.compact(key, record, update.fences()).await,
             )),
             result => result,
         };
-        match &result {
-            Ok(Updated::Lost(_)) => self.stats.conflicts += 1,
+        if let Ok(Updated::Lost(_)) = &result {
+            self.stats.conflicts += 1;
+        }
+        if let Some((grants, due)) = told {
             // As the stream's filter passes writes to the dispatcher.
-            Ok(Updated::Written(record)) if record.pool.line().active => {
-                self.changed(key);
-                // The line run short by this write: the dispatcher woken to
-                // admit at once (with the free slots it then hands on), not
-                // when the table's stream gets to it, so that slots do not
-                // stand idle while tickets wait in the backlog. (Only a
-                // service with the hook tells anyone: a route function's.)
-                let due = self.on_async_grant.is_some()
-                    && record.pool.admission_due_since(
-                        &read.pool,
-                        self.max_waiters,
-                        ASYNC_WINDOW,
-                        now_ms(),
-                    );
+            self.changed(key);
+            // The wake beside the deliveries: neither waits for the other.
+            let wake = async {
                 if due {
                     self.granted_async(key, &[]).await;
                 }
-                // Its own grants: others that landed since `read` are theirs.
-                let grants = record.pool.async_grants_of_write(update.fences());
+            };
+            let deliver = async {
                 if !grants.is_empty() {
                     self.granted_async(key, &grants).await;
                 }
-            }
-            _ => {}
+            };
+            join(wake, deliver).await;
         }
         result
     }
