@@ -7,7 +7,7 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::callback::CallbackPolicy;
-use crate::delivery::test_support::{receiver, Sent};
+use crate::delivery::test_support::{enqueue_request, receiver, Sent};
 use crate::domain::{Callback, TicketState};
 use crate::keys::{LeaseId, PoolId};
 use crate::service::{BorrowRequest, Budget, EnqueueRequest};
@@ -193,15 +193,7 @@ async fn free_pool_with_a_ticket(f: &Fixture, id: PoolId, url: String) -> LeaseI
     let budget = &mut Budget::new(None);
     f.service.register(id, 1, budget).await.unwrap();
     let lease = LeaseId::new_random();
-    let enqueue = EnqueueRequest {
-        ttl_ms: 30_000,
-        wait_ms: Some(60_000),
-        lease,
-        callback: Callback {
-            url,
-            token: "t".into(),
-        },
-    };
+    let enqueue = enqueue_request(lease, url);
     f.service.enqueue(id, enqueue, budget).await.unwrap();
     lease
 }
@@ -273,15 +265,7 @@ async fn a_failed_delivery_has_its_invocation_step_again() {
     let id = PoolId(uuid::Uuid::new_v4());
     let refused = free_pool_with_a_ticket(&f, id, format!("http://{addr}/refuse")).await;
     let next = LeaseId::new_random();
-    let enqueue = EnqueueRequest {
-        ttl_ms: 30_000,
-        wait_ms: Some(60_000),
-        lease: next,
-        callback: Callback {
-            url: format!("http://{addr}/ok"),
-            token: "t".into(),
-        },
-    };
+    let enqueue = enqueue_request(next, format!("http://{addr}/ok"));
     let budget = &mut Budget::new(None);
     f.service.enqueue(id, enqueue, budget).await.unwrap();
     let batch = wakes(&[("m1", now_wake(id.key()))]);
@@ -384,15 +368,7 @@ async fn a_wake_up_to_a_second_early_steps_at_its_time() {
     };
     let held = f.service.borrow(id, borrow, budget).await.unwrap();
     let lease = LeaseId::new_random();
-    let enqueue = EnqueueRequest {
-        ttl_ms: 30_000,
-        wait_ms: Some(60_000),
-        lease,
-        callback: Callback {
-            url: format!("http://{addr}/ok"),
-            token: "t".into(),
-        },
-    };
+    let enqueue = enqueue_request(lease, format!("http://{addr}/ok"));
     f.service.enqueue(id, enqueue, budget).await.unwrap();
     let step = f.service.dispatch_step(&id.key(), &[], budget).await;
     assert_eq!(step.unwrap().wake_ms, Some(held.expires_at_ms));
@@ -423,15 +399,7 @@ async fn out_of_time_it_delivers_nothing_and_wakes_at_once() {
     let id = PoolId(uuid::Uuid::new_v4());
     let budget = &mut Budget::new(None);
     f.service.register(id, 1, budget).await.unwrap();
-    let enqueue = EnqueueRequest {
-        ttl_ms: 30_000,
-        wait_ms: Some(60_000),
-        lease: LeaseId::new_random(),
-        callback: Callback {
-            url: "http://127.0.0.1:9/hook".into(),
-            token: "t".into(),
-        },
-    };
+    let enqueue = enqueue_request(LeaseId::new_random(), "http://127.0.0.1:9/hook".into());
     f.service.enqueue(id, enqueue, budget).await.unwrap();
     let soon = Some(Instant::now() + Duration::from_secs(5));
     let before = now_ms();

@@ -6,12 +6,12 @@ use tokio::sync::watch;
 
 use super::*;
 use crate::callback::CallbackPolicy;
-use crate::delivery::test_support::{receiver, Sent};
+use crate::delivery::test_support::{enqueue_request, receiver, Sent};
 use crate::delivery::wake::Wake;
 use crate::delivery::Caller;
-use crate::domain::{Callback, CompactionPlan, TicketState, Update};
+use crate::domain::{CompactionPlan, TicketState, Update};
 use crate::keys::{LeaseId, PoolId};
-use crate::service::{BorrowRequest, Budget, EnqueueRequest, Service};
+use crate::service::{BorrowRequest, Budget, Service};
 use crate::store::{Created, MemoryStore, PoolStore, Record, StoreError, Updated};
 use crate::Limits;
 
@@ -61,15 +61,7 @@ async fn hold(f: &Fixture, id: PoolId) -> LeaseId {
 /// An async ticket calling back `url`: its lease.
 async fn enqueue_to(f: &Fixture, id: PoolId, url: String) -> LeaseId {
     let lease = LeaseId::new_random();
-    let enqueue = EnqueueRequest {
-        ttl_ms: 30_000,
-        wait_ms: Some(60_000),
-        lease,
-        callback: Callback {
-            url,
-            token: "t".into(),
-        },
-    };
+    let enqueue = enqueue_request(lease, url);
     f.service
         .enqueue(id, enqueue, &mut Budget::new(None))
         .await

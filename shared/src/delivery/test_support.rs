@@ -8,7 +8,9 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, watch};
 
 use super::wake::{Wake, WakeSender};
-use crate::keys::PoolKey;
+use crate::domain::Callback;
+use crate::keys::{LeaseId, PoolKey};
+use crate::service::EnqueueRequest;
 
 /// The wake queue, recorded; `fail_for` refuses that pool's wakes.
 #[derive(Default)]
@@ -74,4 +76,18 @@ pub(super) async fn receiver(
         }
     });
     (addr, told)
+}
+
+/// An enqueue of `lease` calling back `url` (token `t`): its lease held
+/// 30 s once granted, its wait a minute.
+pub(super) fn enqueue_request(lease: LeaseId, url: String) -> EnqueueRequest {
+    EnqueueRequest {
+        ttl_ms: 30_000,
+        wait_ms: Some(60_000),
+        lease,
+        callback: Callback {
+            url,
+            token: "t".into(),
+        },
+    }
 }
