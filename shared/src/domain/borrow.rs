@@ -115,18 +115,19 @@ impl Pool {
             update.changes.extend(dead.changes);
         }
         let position = free[0];
-        // The queue is pinned, so that no ticket joins ahead of this
-        // take unseen (nor a twin request's ticket for this holder).
-        update.expect.push(Expect::QueueLen(self.queue.len()));
-        if live_waiters > 0 {
-            // A hand-off and a join since the read would leave the length
-            // as read: the last ticket changes with any join.
-            let last = self.queue.len() - 1;
-            update.expect.push(Expect::TicketAt {
-                index: last,
-                holder: self.queue[last].holder,
-            });
-            update.expect.push(Expect::NotQueued(holder));
+        // The queue is not pinned: a borrower that joins between this read
+        // and this write started before the take landed, so either may go
+        // first, and the slot's own condition keeps the take off a slot
+        // handed on meanwhile. Pinning the queue's length made every join
+        // fail the takes in flight (half the takes lost with room to spare).
+        // Only a twin request's ticket for this holder must not be there.
+        update.expect.push(Expect::NotQueued(holder));
+        // The slots the live tickets it saw are owed stay free (as read): a
+        // take in flight from before they joined may land first, and this
+        // one, which started after they joined, must not then leave them
+        // short.
+        for &owed in &free[1..=live_waiters] {
+            update.expect.push(self.slot_as_read(owed));
         }
         update.expect.push(Expect::Count(self.sizing()));
         self.reuse(position, now_ms, &mut update);
@@ -247,21 +248,85 @@ mod tests {
         let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(5, 100), now, now, WAITERS) else {
             panic!()
         };
-        assert!(update.expect.contains(&Expect::QueueLen(1)));
+        assert!(update.expect.contains(&Expect::TicketAt {
+            index: 0,
+            holder: h(2, 100)
+        }));
         pool = pool.apply(&update).unwrap();
         assert!(pool.queue().is_empty());
         assert_eq!(holder_at(&pool, 0), Some(d(5)));
     }
 
     #[test]
-    fn a_join_makes_a_racing_newcomer_conflict() {
-        let mut pool = Pool::new(1, 0);
-        let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(1, 100), 0, 0, WAITERS) else {
+    fn a_join_does_not_fail_a_racing_take_but_a_twin_ticket_does() {
+        let mut pool = Pool::new(2, 0);
+        let BorrowPlan::Take { update, position } = pool.plan_borrow(h(1, 100), 0, 0, WAITERS)
+        else {
             panic!()
         };
-        borrow(&mut pool, 9, 100, 0);
-        join(&mut pool, 2, 100, 500, 0);
-        assert!(pool.apply(&update).is_err());
+        assert_eq!(position, 0);
+        // Another borrower joins between the take's read and its write (it
+        // lost a take of its own): the take still lands on its free slot.
+        let joins = |pool: &Pool, n: u8| match pool.plan_borrow_or_join(
+            h(n, 100),
+            500,
+            0,
+            WAITERS,
+            false,
+        ) {
+            BorrowPlan::Join(join) => pool.apply(&join).unwrap(),
+            other => panic!("{other:?}"),
+        };
+        pool = joins(&pool, 2);
+        let taken = pool.apply(&update).unwrap();
+        assert_eq!(holder_at(&taken, 0), Some(d(1)));
+        assert_eq!(taken.queue().len(), 1);
+        // A twin request of the same lease id that joined meanwhile fails it.
+        pool = joins(&pool, 1);
+        assert_eq!(
+            pool.apply(&update),
+            Err(ConditionFailed(Expect::NotQueued(h(1, 100))))
+        );
+        // So does another take of the slot.
+        let mut raced = Pool::new(2, 0);
+        borrow(&mut raced, 3, 100, 0);
+        assert_eq!(
+            raced.apply(&update),
+            Err(ConditionFailed(Expect::SlotFree(0)))
+        );
+    }
+
+    #[test]
+    fn a_take_keeps_the_slots_owed_to_the_waiters_it_saw() {
+        let mut pool = Pool::new(2, 0);
+        borrow(&mut pool, 2, 50, 0);
+        // An older take, planned before anyone waited, is still in flight.
+        let BorrowPlan::Take { update: older, .. } = pool.plan_borrow(h(3, 100), 0, 0, WAITERS)
+        else {
+            panic!()
+        };
+        // A borrower joins, and the lease at position 0 expires.
+        match pool.plan_borrow_or_join(h(4, 100), 5_000, 10, WAITERS, false) {
+            BorrowPlan::Join(join) => pool = pool.apply(&join).unwrap(),
+            other => panic!("{other:?}"),
+        }
+        // A newcomer sees two free slots and one waiter: it may take one.
+        let BorrowPlan::Take {
+            update: newer,
+            position,
+        } = pool.plan_borrow(h(5, 100), 60, 60, WAITERS)
+        else {
+            panic!()
+        };
+        assert_eq!(position, 0);
+        // The older take lands first, on the slot the waiter is owed: the
+        // newcomer, which started after the waiter joined, must not leave
+        // it without one.
+        let pool = pool.apply(&older).unwrap();
+        assert_eq!(
+            pool.apply(&newer),
+            Err(ConditionFailed(Expect::SlotFree(1)))
+        );
     }
 
     #[test]

@@ -54,7 +54,14 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// What one landed update may do: checked `prev` → `next` at `now`.
-fn check_landed(prev: &Pool, next: &Pool, update: &Update, now: u64) -> Result<(), TestCaseError> {
+/// `seen`: the tickets queued when the write was planned.
+fn check_landed(
+    prev: &Pool,
+    next: &Pool,
+    update: &Update,
+    seen: &[LeaseDigest],
+    now: u64,
+) -> Result<(), TestCaseError> {
     let rebuilt = Pool::from_parts(
         next.sizing(),
         next.base_us,
@@ -116,7 +123,8 @@ fn check_landed(prev: &Pool, next: &Pool, update: &Update, now: u64) -> Result<(
         );
         // FIFO: no live ticket was ahead of the one served (dead ones the
         // write expects may be), and a newcomer took only a slot beyond
-        // those the live tickets are owed.
+        // those owed to the live tickets it could see (one that joined
+        // after its read overlaps it: either may go first).
         match prev
             .queue
             .iter()
@@ -131,7 +139,11 @@ fn check_landed(prev: &Pool, next: &Pool, update: &Update, now: u64) -> Result<(
                 lease
             ),
             None => prop_assert!(
-                prev.waiting(now) < prev.free_positions(now).len(),
+                prev.queue
+                    .iter()
+                    .filter(|t| t.is_live(now) && seen.contains(&t.holder.digest))
+                    .count()
+                    < prev.free_positions(now).len(),
                 "a newcomer took a slot owed to a waiter"
             ),
         }
@@ -147,6 +159,7 @@ enum InFlight {
         lowered: Update,
         planned: Update,
         unchecked: Option<Holder>,
+        seen: Vec<LeaseDigest>,
     },
     Segment(CompactionPlan),
 }
@@ -157,6 +170,7 @@ fn plan(pool: &Pool, update: Update) -> InFlight {
         lowered,
         planned: update,
         unchecked,
+        seen: pool.queue.iter().map(|t| t.holder.digest).collect(),
     }
 }
 
@@ -294,6 +308,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                             lowered: compaction.update.clone(),
                             planned: compaction.update,
                             unchecked: None,
+                            seen: Vec::new(),
                         });
                     }
                     InFlight::Segment(compaction) => {
@@ -309,6 +324,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                                 lowered: compaction.update.clone(),
                                 planned: compaction.update,
                                 unchecked: None,
+                                seen: Vec::new(),
                             });
                         }
                     }
@@ -316,6 +332,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                         lowered,
                         planned,
                         unchecked,
+                        seen,
                     } => {
                         if let Ok(next) = pool.apply(&lowered) {
                             // What the pool item checked implies what was planned.
@@ -330,7 +347,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                                     );
                                 }
                             }
-                            check_landed(&pool, &next, &planned, now)?;
+                            check_landed(&pool, &next, &planned, &seen, now)?;
                             if planned
                                 .changes
                                 .iter()

@@ -862,8 +862,9 @@ impl Report {
         }
     }
 
-    /// Conditional writes by kind at 16 clients and more (and under saturation):
-    /// which writes collide, and on which condition.
+    /// Conditional writes by kind at 16 clients and more (4 and more on pools
+    /// with room to spare; and under saturation): which writes collide, and
+    /// on which condition.
     fn md_writes(&self, md: &mut String) {
         let rows: Vec<(String, &[WriteTally], usize)> = self
             .contention
@@ -879,7 +880,7 @@ impl Report {
                     r.cycles as usize,
                 )
             })
-            .chain(self.room.iter().filter(|r| r.clients >= 16).map(|r| {
+            .chain(self.room.iter().filter(|r| r.clients >= 4).map(|r| {
                 (
                     format!(
                         "{} | +{} | count {} {} C={}",
