@@ -14,8 +14,10 @@ DynamoDB Local (docs/BENCHMARK.md, "The deployed shape, on one machine").
   while the slot is held by a lease left to expire (no write says it ended: only the wake
   the dispatcher armed for it can deliver the grant), for each stream delay;
 - what one delivered ticket costs the stack: dispatcher invocations, wake messages sent
-  (SendMessage, by any function) and received by the queue's event source, and DynamoDB
-  calls by action (admin /stats and /calls).
+  (SendMessage, by any function) and received by the queue's event source, DynamoDB
+  calls by action, and the write and read units DynamoDB bills for them (`*_wcu`,
+  `*_rcu`: the IAM proxy's count, a failed conditional write at its item's size; admin
+  /stats and /calls).
 
 --async-only skips the borrow and return figures and local-api.
 
@@ -187,7 +189,7 @@ def admin_get(admin: str, path: str) -> Any:
     return request(admin + path).body
 
 
-def costs(admin: str) -> dict[str, int]:
+def costs(admin: str) -> dict[str, float]:
     stats = admin_get(admin, "/stats")
     queue = next(s for s in stats["sources"] if s["kind"] == "QueueSource")
     stream = next(s for s in stats["sources"] if s["kind"] == "StreamSource")
@@ -196,7 +198,7 @@ def costs(admin: str) -> dict[str, int]:
     by_routes = sum(
         1 for c in calls if c["action"] == "sqs:SendMessage" and c["function"] != "DispatcherFunction"
     )
-    counted = {
+    counted: dict[str, float] = {
         "dispatcher_invocations": stats["functions"]["DispatcherFunction"]["invocations"],
         "stream_batches": stream["batches_invoked"],
         "wake_batches": queue["batches_invoked"],
@@ -210,6 +212,11 @@ def costs(admin: str) -> dict[str, int]:
                 continue
             name = f"{who}_{c['action'].split(':')[1]}"
             counted[name] = counted.get(name, 0) + 1
+            # What DynamoDB bills (the IAM proxy's count: failed conditional writes at
+            # their item's size).
+            for unit in ("wcu", "rcu"):
+                counted[f"{who}_{unit}"] = counted.get(f"{who}_{unit}", 0) + c.get(unit, 0)
+            counted[f"{who}_unsized"] = counted.get(f"{who}_unsized", 0) + int(c.get("unsized", False))
     return counted
 
 

@@ -20,7 +20,7 @@ from urllib.parse import parse_qsl
 import aiohttp
 from aiohttp import web
 
-from . import calls, policy
+from . import calls, capacity, policy
 from .faults import Faults
 from .model import JsonObject
 from .template import Function
@@ -47,6 +47,10 @@ class Call:
     fault: str | None
     status: int
     at: float
+    # What DynamoDB bills for it (capacity.py): write and read units.
+    wcu: float = 0.0
+    rcu: float = 0.0
+    unsized: bool = False
 
 
 class Recorder:
@@ -123,17 +127,30 @@ class Proxy:
             return _denied(service, function, action, resources)
         fault = self._faults.take(function.logical_id, action)
         kind = fault.kind if fault else None
+        billed = capacity.Billed()
         if fault is not None and fault.kind == "error":
             response = _failure(service)
         elif fault is not None and fault.kind == "timeout":
             await asyncio.sleep(fault.hold_s)
             response = _failure(service)
         else:
-            response = await self._forward(service, request, body)
+            response, billed = await self._forward(service, operation, request, body)
             if kind == "lost":
                 response = _failure(service)
         self._recorder.add(
-            Call(function.logical_id, service, action, resources, True, kind, response.status, time.time())
+            Call(
+                function.logical_id,
+                service,
+                action,
+                resources,
+                True,
+                kind,
+                response.status,
+                time.time(),
+                billed.wcu,
+                billed.rcu,
+                billed.unsized,
+            )
         )
         return response
 
@@ -154,18 +171,36 @@ class Proxy:
             return "sqs", form["Action"], calls.sqs_checks(form["Action"], form, path_url)
         return None, "", []
 
-    async def _forward(self, service: str, request: web.Request, body: bytes) -> web.Response:
+    async def _forward(
+        self, service: str, operation: str, request: web.Request, body: bytes
+    ) -> tuple[web.Response, capacity.Billed]:
+        """The upstream's answer, and (for DynamoDB) what the call is billed. DynamoDB
+        Local checks no signature, so the body may ask for the consumed capacity."""
         assert self._session is not None
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+        asked = True
+        sent = body
+        if service == "dynamodb":
+            sent, asked = capacity.ask(operation, body)
+        # A changed body no longer matches the hash the SDK signed (DynamoDB Local checks
+        # no signature): the hash header goes with it.
+        skip = _HOP_BY_HOP | ({"x-amz-content-sha256"} if sent != body else set())
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in skip}
         url = self._upstream[service] + request.rel_url.raw_path_qs
         try:
-            async with self._session.request(request.method, url, data=body, headers=headers) as upstream:
+            async with self._session.request(request.method, url, data=sent, headers=headers) as upstream:
                 payload = await upstream.read()
                 out = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
-                return web.Response(status=upstream.status, body=payload, headers=out)
+                billed = capacity.Billed()
+                if service == "dynamodb":
+                    billed, answer = capacity.bill(operation, upstream.status, payload, asked)
+                    if answer != payload:
+                        # Its CRC32 no longer holds (an SDK may check it).
+                        out = {k: v for k, v in out.items() if k.lower() != "x-amz-crc32"}
+                        payload = answer
+                return web.Response(status=upstream.status, body=payload, headers=out), billed
         except (TimeoutError, aiohttp.ClientError) as err:
             log.warning("upstream %s failed: %s", service, err)
-            return _failure(service)
+            return _failure(service), capacity.Billed()
 
 
 def _json_error(status: int, kind: str, message: str, *, query_error: str | None = None) -> web.Response:
