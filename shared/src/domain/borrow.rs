@@ -1,6 +1,8 @@
 //! A newcomer's borrow: take a free slot, join the queue, or be refused.
 
-use super::{Change, Expect, GiveUp, Holder, Lease, Pool, Ticket, Update, MAX_PRUNE};
+use super::{
+    Change, Expect, GiveUp, Holder, Lease, Pool, Ticket, Update, MAX_HAND_OFFS, MAX_PRUNE,
+};
 
 /// What a borrower can do with the pool as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,6 +98,8 @@ impl Pool {
     /// A newcomer's take of the lowest of the `free` positions (more are free
     /// than the `live_waiters` are owed), on top of `update` (the conditions
     /// its plan has so far); an expired lease of its own (`stale`) is freed.
+    /// With more than [`MAX_HAND_OFFS`] live tickets, the hand-off of free
+    /// slots to the first of them comes first.
     fn plan_take(
         &self,
         mut update: Update,
@@ -113,6 +117,14 @@ impl Pool {
             let dead = self.remove_tickets((0..self.queue.len()).collect());
             update.expect.extend(dead.expect);
             update.changes.extend(dead.changes);
+        }
+        if live_waiters > MAX_HAND_OFFS {
+            // The conditions below would be one per owed slot, past what one
+            // DynamoDB condition may hold on a split pool: hand the first of
+            // them on (as the queue's head would), then plan again.
+            if let Some(serve) = self.plan_serve(now_ms) {
+                return BorrowPlan::Prune(serve);
+            }
         }
         let position = free[0];
         // The queue is not pinned: a borrower that joins between this read
@@ -327,6 +339,40 @@ mod tests {
             pool.apply(&newer),
             Err(ConditionFailed(Expect::SlotFree(1)))
         );
+    }
+
+    #[test]
+    fn a_take_past_many_waiters_first_hands_their_slots_on() {
+        let waiters = MAX_HAND_OFFS as u8 + 4;
+        let mut pool = Pool::new(u16::from(waiters) + 2, 0).split_above(0);
+        for n in 0..waiters {
+            match pool.plan_borrow_or_join(h(n, 100), 5_000, 0, WAITERS, false) {
+                BorrowPlan::Join(join) => pool = pool.apply(&join).unwrap(),
+                other => panic!("{other:?}"),
+            }
+        }
+        // More slots are free than tickets wait: a borrower that may not wait
+        // takes one, but first the first 16 tickets are served.
+        let BorrowPlan::Prune(serve) = pool.plan_borrow(h(99, 100), 0, 1, WAITERS) else {
+            panic!()
+        };
+        pool = pool.apply(&pool.lower(&serve).0).unwrap();
+        assert_eq!(pool.waiting(1), usize::from(waiters) - MAX_HAND_OFFS);
+        let BorrowPlan::Take { update, position } = pool.plan_borrow(h(99, 100), 0, 1, WAITERS)
+        else {
+            panic!()
+        };
+        assert_eq!(usize::from(position), MAX_HAND_OFFS);
+        let (lowered, _) = pool.lower(&update);
+        let owed = lowered
+            .expect
+            .iter()
+            .filter(|e| matches!(e, Expect::Cold { .. } | Expect::SlotFree(_)))
+            .count();
+        // Its own slot and the four the waiters left are owed.
+        assert_eq!(owed, 1 + 4);
+        pool = pool.apply(&lowered).unwrap();
+        assert_eq!(holder_at(&pool, MAX_HAND_OFFS), Some(d(99)));
     }
 
     #[test]

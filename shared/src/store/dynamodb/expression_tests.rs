@@ -53,6 +53,20 @@ fn every_write() -> Vec<(&'static str, Update)> {
         panic!()
     };
     writes.push(("take", update.clone()));
+    // A take past a live ticket (a borrower that may not wait): the slot the
+    // ticket is owed must still be free.
+    let mut three = Pool::new(3, now * 1000);
+    let BorrowPlan::Join(join) =
+        three.plan_borrow_or_join(holder(8, 10_000), now + 25_000, now, 100, false)
+    else {
+        panic!()
+    };
+    three = three.apply(&join).unwrap();
+    let BorrowPlan::Take { update: past, .. } = three.plan_borrow(holder(9, 10_000), now, now, 100)
+    else {
+        panic!()
+    };
+    writes.push(("take, a ticket waiting", past));
     pool = pool.apply(&update).unwrap();
     let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(2, 10_000), now, now, 100) else {
         panic!()
@@ -346,4 +360,39 @@ fn a_live_ticket_condition_agrees_with_the_domain_at_the_boundaries() {
             );
         }
     }
+}
+
+/// A take past many live tickets on a split pool stays within DynamoDB's
+/// 4 KB per expression: it conditions on one slot per ticket it leaves
+/// owed, so the first tickets are served before it (each serve bounded too).
+#[test]
+fn a_take_past_many_waiters_stays_within_dynamodbs_expression_limit() {
+    let mut pool = Pool::new(1000, NOW * 1000).split_above(48);
+    for n in 0..100u16 {
+        let BorrowPlan::Join(join) =
+            pool.plan_borrow_or_join(holder(n, 30_000), NOW + 25_000, NOW, 100, false)
+        else {
+            panic!()
+        };
+        pool = pool.apply(&join).unwrap();
+    }
+    let mut writes = 0;
+    loop {
+        let (update, done) = match pool.plan_borrow(holder(5_000, 30_000), NOW, NOW, 100) {
+            BorrowPlan::Prune(update) => (update, false),
+            BorrowPlan::Take { update, .. } => (update, true),
+            other => panic!("{other:?}"),
+        };
+        let (lowered, _) = pool.lower(&update);
+        let e = Expression::of(7, &lowered, true);
+        assert!(e.condition.len() <= 4096, "{} bytes", e.condition.len());
+        assert!(e.update.len() <= 4096, "{} bytes", e.update.len());
+        pool = pool.apply(&lowered).unwrap();
+        writes += 1;
+        if done {
+            break;
+        }
+    }
+    // 100 tickets, 16 served a write: six serves, then the take.
+    assert_eq!(writes, 7);
 }
