@@ -127,10 +127,10 @@ impl Pool {
             }
         }
         let position = free[0];
-        // The queue is not pinned: a borrower that joins between this read
-        // and this write started before the take landed, so either may go
-        // first, and the slot's own condition keeps the take off a slot
-        // handed on meanwhile. Pinning the queue's length made every join
+        // The queue is not pinned: a borrower whose join lands between this
+        // read and this write had not joined when this take began, so either
+        // may go first, and the slot's own condition keeps the take off a
+        // slot handed on meanwhile. Pinning the queue's length made every join
         // fail the takes in flight (half the takes lost with room to spare).
         // Only a twin request's ticket for this holder must not be there.
         update.expect.push(Expect::NotQueued(holder));
@@ -279,22 +279,12 @@ mod tests {
         assert_eq!(position, 0);
         // Another borrower joins between the take's read and its write (it
         // lost a take of its own): the take still lands on its free slot.
-        let joins = |pool: &Pool, n: u8| match pool.plan_borrow_or_join(
-            h(n, 100),
-            500,
-            0,
-            WAITERS,
-            false,
-        ) {
-            BorrowPlan::Join(join) => pool.apply(&join).unwrap(),
-            other => panic!("{other:?}"),
-        };
-        pool = joins(&pool, 2);
+        join(&mut pool, 2, 100, 500, 0);
         let taken = pool.apply(&update).unwrap();
         assert_eq!(holder_at(&taken, 0), Some(d(1)));
         assert_eq!(taken.queue().len(), 1);
         // A twin request of the same lease id that joined meanwhile fails it.
-        pool = joins(&pool, 1);
+        join(&mut pool, 1, 100, 500, 0);
         assert_eq!(
             pool.apply(&update),
             Err(ConditionFailed(Expect::NotQueued(h(1, 100))))
@@ -318,10 +308,7 @@ mod tests {
             panic!()
         };
         // A borrower joins, and the lease at position 0 expires.
-        match pool.plan_borrow_or_join(h(4, 100), 5_000, 10, WAITERS, false) {
-            BorrowPlan::Join(join) => pool = pool.apply(&join).unwrap(),
-            other => panic!("{other:?}"),
-        }
+        join(&mut pool, 4, 100, 5_000, 10);
         // A newcomer sees two free slots and one waiter: it may take one.
         let BorrowPlan::Take {
             update: newer,
@@ -346,17 +333,14 @@ mod tests {
         let waiters = MAX_HAND_OFFS as u8 + 4;
         let mut pool = Pool::new(u16::from(waiters) + 2, 0).split_above(0);
         for n in 0..waiters {
-            match pool.plan_borrow_or_join(h(n, 100), 5_000, 0, WAITERS, false) {
-                BorrowPlan::Join(join) => pool = pool.apply(&join).unwrap(),
-                other => panic!("{other:?}"),
-            }
+            join(&mut pool, n, 100, 5_000, 0);
         }
         // More slots are free than tickets wait: a borrower that may not wait
         // takes one, but first the first 16 tickets are served.
         let BorrowPlan::Prune(serve) = pool.plan_borrow(h(99, 100), 0, 1, WAITERS) else {
             panic!()
         };
-        pool = pool.apply(&pool.lower(&serve).0).unwrap();
+        pool = landed(&pool, &serve).unwrap();
         assert_eq!(pool.waiting(1), usize::from(waiters) - MAX_HAND_OFFS);
         let BorrowPlan::Take { update, position } = pool.plan_borrow(h(99, 100), 0, 1, WAITERS)
         else {

@@ -41,9 +41,10 @@ pub(super) fn borrow(pool: &mut Pool, n: u8, ttl: u64, now: u64) -> Option<u16> 
     }
 }
 
-/// Joins the queue (as a borrower that waits until `give_up_ms`).
+/// Joins the queue (as a borrower that waits until `give_up_ms`), even past
+/// free slots (as one that lost a take does).
 pub(super) fn join(pool: &mut Pool, n: u8, ttl: u64, give_up_ms: u64, now: u64) {
-    match pool.plan_borrow(h(n, ttl), give_up_ms, now, WAITERS) {
+    match pool.plan_borrow_or_join(h(n, ttl), give_up_ms, now, WAITERS, false) {
         BorrowPlan::Join(update) => *pool = landed(pool, &update).expect("a fresh join holds"),
         other => panic!("expected a join, got {other:?}"),
     }
