@@ -10,7 +10,7 @@ import time
 import uuid
 from typing import Any
 
-from . import capacity
+from . import capacity, stream
 from .conftest import Stack
 
 
@@ -87,22 +87,7 @@ def test_registering_an_existing_pool_bills_its_failed_write_at_the_items_size(s
     assert again.status == 200, again
     failed = [c for c in _calls_since(stack, since, "RegisterFunction") if c["action"] == "dynamodb:PutItem"]
     assert len(failed) == 1 and failed[0]["status"] == 400, failed
-    size = capacity.item_size(_as_json(stack.pool_item(pool)))
+    stored = {name: stream.to_wire(value) for name, value in stack.pool_item(pool).items()}
+    size = capacity.item_size(stored)
     assert size > 1024
     assert failed[0]["wcu"] == math.ceil(size / 1024) and not failed[0]["unsized"]
-
-
-def _as_json(item: dict[str, Any]) -> dict[str, Any]:
-    """A boto3 item (bytes for B) in DynamoDB's JSON, as the wire carries it."""
-
-    def value(v: dict[str, Any]) -> dict[str, Any]:
-        (kind, inner), *_ = v.items()
-        if kind == "B":
-            return {"B": base64.b64encode(bytes(inner)).decode()}
-        if kind == "L":
-            return {"L": [value(e) for e in inner]}
-        if kind == "M":
-            return {"M": {k: value(e) for k, e in inner.items()}}
-        return {kind: inner}
-
-    return {name: value(v) for name, v in item.items()}
