@@ -39,7 +39,7 @@ macro_rules! on_both_stores {
 
 pub mod counting;
 pub mod faults;
-pub mod forward;
+pub use semaphore::store::forward;
 pub mod harness;
 pub mod history;
 pub mod receiver;

@@ -9,10 +9,11 @@ use crate::callback::CallbackPolicy;
 use crate::delivery::test_support::{enqueue_request, receiver, Sent};
 use crate::delivery::wake::Wake;
 use crate::delivery::Caller;
-use crate::domain::{CompactionPlan, TicketState, Update};
+use crate::domain::{TicketState, Update};
 use crate::keys::{LeaseId, PoolId};
 use crate::service::{BorrowRequest, Budget, Service};
-use crate::store::{Created, MemoryStore, PoolStore, Record, StoreError, Updated};
+use crate::store::forward::{Around, Forward};
+use crate::store::{MemoryStore, PoolStore, Record, StoreError, Updated};
 use crate::Limits;
 
 struct Fixture {
@@ -189,13 +190,9 @@ struct Between {
 }
 
 #[async_trait]
-impl PoolStore for Between {
-    async fn load(&self, key: &PoolKey) -> Result<Option<Record>, StoreError> {
-        self.inner.load(key).await
-    }
-
-    async fn create(&self, key: &PoolKey, record: &Record) -> Result<Created, StoreError> {
-        self.inner.create(key, record).await
+impl Around for Between {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
     }
 
     async fn update(
@@ -210,28 +207,15 @@ impl PoolStore for Between {
         }
         self.inner.update(key, read, update).await
     }
-
-    async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {
-        self.inner.delete(key).await
-    }
-
-    async fn compact(
-        &self,
-        key: &PoolKey,
-        read: &Record,
-        plan: &CompactionPlan,
-    ) -> Result<Updated, StoreError> {
-        self.inner.compact(key, read, plan).await
-    }
 }
 
 #[tokio::test]
 async fn a_return_delivers_its_own_grant_not_one_that_landed_after_its_read() {
     let memory = Arc::new(MemoryStore::new());
-    let store = Arc::new(Between {
+    let store = Arc::new(Forward(Between {
         inner: memory.clone(),
         before: std::sync::Mutex::new(None),
-    });
+    }));
     let f = fixture_over(store.clone(), memory, Duration::from_secs(1));
     let (_release, released) = watch::channel(false);
     let (addr, mut arrived) = receiver(released).await;
@@ -253,7 +237,7 @@ async fn a_return_delivers_its_own_grant_not_one_that_landed_after_its_read() {
     // delivering it), then its own write hands the second ticket the other.
     let other = f.service.clone();
     let first = holders[0];
-    *store.before.lock().unwrap() = Some(Box::pin(async move {
+    *store.0.before.lock().unwrap() = Some(Box::pin(async move {
         let budget = &mut Budget::new(None);
         assert!(other.return_lease(id, first, budget).await.unwrap());
     }));

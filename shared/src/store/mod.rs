@@ -16,6 +16,8 @@ use crate::domain::{
 use crate::keys::PoolKey;
 
 pub mod dynamodb;
+#[cfg(any(test, feature = "measure"))]
+pub mod forward;
 pub mod memory;
 
 pub use dynamodb::DynamoDbStore;

@@ -1,15 +1,16 @@
 //! A store over another that changes one or two of its calls: implement
 //! [`Around`] (the inner store, and only the calls it changes) and use it as a
-//! [`PoolStore`] through [`Forward`].
+//! [`PoolStore`] through [`Forward`]. For tests and the benchmark.
 //!
 //! `number_ticket` is not forwarded: [`PoolStore`]'s default runs it, through
 //! the wrapper's own `load` and `update`, as it did for each hand-written
 //! wrapper before.
 
 use async_trait::async_trait;
-use semaphore::domain::{CompactionPlan, Update};
-use semaphore::keys::PoolKey;
-use semaphore::store::{Created, PoolStore, Record, StoreError, Updated};
+
+use super::{Created, PoolStore, Record, StoreError, Updated};
+use crate::domain::{CompactionPlan, Update};
+use crate::keys::PoolKey;
 
 /// The calls of a store wrapped around `inner()`, each by default the inner
 /// store's own.
@@ -49,8 +50,8 @@ pub trait Around: Send + Sync {
     }
 }
 
-/// An [`Around`] as a [`PoolStore`] (a type of this crate, since the orphan
-/// rule forbids implementing `PoolStore` for every `A: Around` directly).
+/// An [`Around`] as a [`PoolStore`] (a type of its own: a blanket
+/// `impl PoolStore for A: Around` would overlap the stores' own impls).
 pub struct Forward<A>(pub A);
 
 #[async_trait]
