@@ -35,6 +35,10 @@ pub struct Counters {
     /// Modelled capacity, in thousandths of a unit.
     pub model_wcu_milli: AtomicU64,
     pub model_rcu_milli: AtomicU64,
+    /// The pool item's modelled size after each write that landed, summed,
+    /// and how many landed: how large the item every write bills is.
+    pub landed_bytes: AtomicU64,
+    pub landed: AtomicU64,
     /// What DynamoDB put in `ConsumedCapacity` (successful calls only), × 1000.
     pub reported_milli: Arc<AtomicU64>,
     /// Every attempt on the wire, by operation and outcome (see [`Outcome`]).
@@ -97,6 +101,8 @@ pub struct Snapshot {
     pub return_conflicts: u64,
     pub model_wcu_milli: u64,
     pub model_rcu_milli: u64,
+    pub landed_bytes: u64,
+    pub landed: u64,
     pub reported_milli: u64,
 }
 
@@ -136,6 +142,8 @@ impl Counters {
             return_conflicts: get(&self.return_conflicts),
             model_wcu_milli: get(&self.model_wcu_milli),
             model_rcu_milli: get(&self.model_rcu_milli),
+            landed_bytes: get(&self.landed_bytes),
+            landed: get(&self.landed),
             reported_milli: get(&self.reported_milli),
         }
     }
@@ -155,6 +163,8 @@ impl Snapshot {
             return_conflicts: self.return_conflicts - before.return_conflicts,
             model_wcu_milli: self.model_wcu_milli - before.model_wcu_milli,
             model_rcu_milli: self.model_rcu_milli - before.model_rcu_milli,
+            landed_bytes: self.landed_bytes - before.landed_bytes,
+            landed: self.landed - before.landed,
             reported_milli: self.reported_milli - before.reported_milli,
         }
     }
@@ -432,6 +442,14 @@ impl CountingStore {
             .model_wcu_milli
             .fetch_add(units * 1000, Ordering::Relaxed);
     }
+
+    /// A write landed, leaving the pool item `size` bytes.
+    fn landed(&self, size: usize) {
+        self.counters
+            .landed_bytes
+            .fetch_add(size as u64, Ordering::Relaxed);
+        self.counters.landed.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 #[async_trait]
@@ -453,6 +471,7 @@ impl PoolStore for CountingStore {
         let outcome = self.inner.create(key, record).await?;
         let old_size = match &outcome {
             Created::Created(_) => {
+                self.landed(new_size);
                 self.remember(key, Some(new_size));
                 0
             }
@@ -480,6 +499,7 @@ impl PoolStore for CountingStore {
         let units = match &outcome {
             Updated::Written(record) => {
                 let new_size = pool_item_size(key, record);
+                self.landed(new_size);
                 let old_size = self.remember(key, Some(new_size)).unwrap_or(new_size);
                 write_units(new_size.max(old_size))
             }
@@ -515,6 +535,9 @@ impl PoolStore for CountingStore {
         let outcome = self.inner.compact(key, read, plan).await?;
         if let Updated::Lost(_) | Updated::Gone = outcome {
             self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+        }
+        if let Updated::Written(record) = &outcome {
+            self.landed(pool_item_size(key, record));
         }
         if let Updated::Written(record) | Updated::Lost(record) = &outcome {
             let size = pool_item_size(key, record);
@@ -561,6 +584,46 @@ mod tests {
         let ok = br#"{"ConsumedCapacity":{"CapacityUnits":24.0,"TableName":"t"}}"#;
         assert_eq!(billed_milli(ok, Outcome::Ok), 24000);
         assert_eq!(billed_milli(b"not json", Outcome::Failed), 0);
+    }
+
+    #[tokio::test]
+    async fn a_landed_write_counts_the_pool_items_size_and_a_lost_one_does_not() {
+        use semaphore::domain::{BorrowPlan, Holder, LeaseDigest, Pool};
+        use semaphore::store::memory::MemoryStore;
+        let counters = Arc::new(Counters::default());
+        let store = CountingStore::new(Arc::new(MemoryStore::new()), counters.clone());
+        let key = PoolKey([3; 16]);
+        let read = Record::new(Pool::new(4, 0));
+        assert!(matches!(
+            store.create(&key, &read).await,
+            Ok(Created::Created(_))
+        ));
+        let holder = Holder {
+            digest: LeaseDigest([1; 8]),
+            ttl_ms: 60_000,
+        };
+        let BorrowPlan::Take { update, .. } =
+            read.pool.plan_borrow_or_join(holder, 0, 1_000, 8, true)
+        else {
+            panic!("a free slot: a take");
+        };
+        let Ok(Updated::Written(after)) = store.update(&key, &read, &update).await else {
+            panic!("the take lands");
+        };
+        let landed = counters.snapshot();
+        assert_eq!((landed.landed, landed.writes), (2, 2));
+        assert_eq!(
+            landed.landed_bytes,
+            (item_size(&key, &read) + item_size(&key, &after)) as u64
+        );
+        assert!(item_size(&key, &after) > item_size(&key, &read));
+        // The same take again, planned on the same read: its slot is taken.
+        assert!(matches!(
+            store.update(&key, &read, &update).await,
+            Ok(Updated::Lost(_))
+        ));
+        let lost = counters.snapshot().since(&landed);
+        assert_eq!((lost.landed, lost.landed_bytes, lost.writes), (0, 0, 1));
     }
 
     #[test]

@@ -110,6 +110,9 @@ pub struct ContentionRow {
     pub reads_per_cycle: f64,
     pub model_wcu_per_cycle: f64,
     pub model_rcu_per_cycle: f64,
+    /// The pool item's mean size (modelled bytes) after the writes that
+    /// landed: what each write of it bills, at a unit per KB.
+    pub pool_item_bytes: f64,
     pub usd_per_million_cycles: f64,
     pub sdk_retries: u64,
     /// Jain's index over per-client cycles (1 = every client got an equal share).
@@ -792,10 +795,12 @@ impl Report {
              a lost conditional write at the size of the item it handed back), per cycle and apart for the borrow \
              (its waiting included) and the return; on the in-memory store, the size model. \
              \"churn\": every slot held before the run by a lease ending at a random time during it, and \
-             the clients' leases last 1–3 s, half returned and half left to expire; a cycle is then a grant. At 1,000 WCU/s: the cycles a second one partition's write capacity allows. \
+             the clients' leases last 1–3 s, half returned and half left to expire; a cycle is then a grant. \
+             Pool item B: the pool item's mean size after the writes that landed (modelled by DynamoDB's size rules; \
+             a split pool's segments apart), each write billing a unit per started KB of it. At 1,000 WCU/s: the cycles a second one partition's write capacity allows. \
              The lone borrower's p50 is the same store's 1-client row on a pool of the same count.\n\n\
-             | store | +ms | count | held | clients | cycles/s | billed WCU / cycle | borrow / return WCU | RCU / cycle | borrow / return RCU | successful writes / write | cycles/s at 1,000 WCU/s | borrow p50 ms | borrow p99 ms | p50 ÷ lone p50 | timeouts | errors |\n\
-             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+             | store | +ms | count | held | clients | cycles/s | billed WCU / cycle | borrow / return WCU | RCU / cycle | borrow / return RCU | successful writes / write | pool item B | cycles/s at 1,000 WCU/s | borrow p50 ms | borrow p99 ms | p50 ÷ lone p50 | timeouts | errors |\n\
+             |---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
             self.meta.contention_hold_ms, self.meta.contention_seconds
         );
         for r in &self.room {
@@ -840,7 +845,7 @@ impl Report {
             };
             let _ = writeln!(
                 md,
-                "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.2} | {} | {:.2} | {} | {:.1} | {:.1} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} | {:.1} | {:.2} | {} | {:.2} | {} | {:.2} | {:.0} | {} | {:.1} | {:.1} | {} | {} | {} |",
                 r.backend,
                 r.latency_ms,
                 r.count,
@@ -852,6 +857,7 @@ impl Report {
                 rcu,
                 split_r,
                 r.successes_per_attempt,
+                r.pool_item_bytes,
                 ceiling,
                 r.borrow.p50_ms,
                 r.borrow.p99_ms,

@@ -193,6 +193,8 @@ pub fn add(a: &Snapshot, b: &Snapshot) -> Snapshot {
         return_conflicts: a.return_conflicts + b.return_conflicts,
         model_wcu_milli: a.model_wcu_milli + b.model_wcu_milli,
         model_rcu_milli: a.model_rcu_milli + b.model_rcu_milli,
+        landed_bytes: a.landed_bytes + b.landed_bytes,
+        landed: a.landed + b.landed,
         reported_milli: a.reported_milli + b.reported_milli,
     }
 }
@@ -601,6 +603,7 @@ pub async fn contention_on(
         reads_per_cycle: per(s.reads(), cycles),
         model_wcu_per_cycle: wcu,
         model_rcu_per_cycle: rcu,
+        pool_item_bytes: round3(s.landed_bytes as f64 / s.landed.max(1) as f64),
         usd_per_million_cycles: crate::report::usd_per_million(wcu, rcu),
         sdk_retries: s.http_total().saturating_sub(s.store_calls()),
         fairness: round3(jain(&per_client)),
