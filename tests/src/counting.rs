@@ -536,11 +536,11 @@ impl PoolStore for CountingStore {
         if let Updated::Lost(_) | Updated::Gone = outcome {
             self.counters.conflicts.fetch_add(1, Ordering::Relaxed);
         }
-        if let Updated::Written(record) = &outcome {
-            self.landed(pool_item_size(key, record));
-        }
         if let Updated::Written(record) | Updated::Lost(record) = &outcome {
             let size = pool_item_size(key, record);
+            if matches!(outcome, Updated::Written(_)) {
+                self.landed(size);
+            }
             self.remember(key, Some(size));
             self.wcu(write_units(size));
         }
