@@ -199,6 +199,22 @@ fn subcommands_print_the_services_json(store: Backend) {
     );
     assert_eq!(json_of(&out), serde_json::json!({"returned": false}));
 
+    // A lease UUID of the caller's: the same UUID again is the same lease.
+    let mine = Uuid::new_v4().hyphenated().to_string();
+    let first = json_of(&run(&["borrow", "--ttl", "30", "--lease", &mine]));
+    let again = run(&["borrow", "--ttl", "30", "--lease", &mine]);
+    assert_eq!(code(&again), 0, "{}", stderr(&again));
+    let again = json_of(&again);
+    assert_eq!(first["lease"], mine.as_str());
+    assert_eq!(
+        (&again["lease"], &again["position"], &again["fence"]),
+        (&first["lease"], &first["position"], &first["fence"])
+    );
+    assert_eq!(json_of(&run(&["inspect"]))["in_use"], 1, "one slot held");
+    assert_eq!(code(&run(&["borrow", "--ttl", "1", "--lease", "nope"])), 64);
+    let out = run(&["return", &mine]);
+    assert_eq!(json_of(&out), serde_json::json!({"returned": true}));
+
     let out = run(&["delete"]);
     assert_eq!(json_of(&out), serde_json::json!({"deleted": true}));
     let out = run(&["delete"]);

@@ -230,6 +230,12 @@ struct BorrowArgs {
     /// past the service's own maximum).
     #[arg(long, value_name = "SECONDS", value_parser = seconds, default_value = "0", allow_negative_numbers = true)]
     wait: Duration,
+
+    /// The lease UUID (default: a new one); the same UUID again, while its
+    /// lease lives, is the same lease: a borrow retried after an error holds
+    /// one slot.
+    #[arg(long, value_name = "UUID", value_parser = uuid_arg)]
+    lease: Option<Uuid>,
 }
 
 #[derive(Debug, Args)]
@@ -373,7 +379,10 @@ async fn command(pool: &Pool, url: &str, command: Command) -> u8 {
             }
         }),
         Command::Borrow(args) => {
-            let ask = Borrow::ttl(args.ttl).wait(args.wait);
+            let mut ask = Borrow::ttl(args.ttl).wait(args.wait);
+            if let Some(lease) = args.lease {
+                ask = ask.lease_id(lease);
+            }
             let lease = match wait::borrow(pool, ask).await {
                 Ok(lease) => Ok(lease),
                 Err(wait::Stopped::Failed(err)) => Err(err),
