@@ -8,9 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use semaphore::callback::CallbackPolicy;
+use semaphore::clock::now_ms;
 use semaphore::delivery::{Caller, Dispatcher, Local};
 use semaphore::domain::{
-    Change, DeliveryClaim, LeaseDigest, TicketGrant, TicketItem, TicketState, Update,
+    Change, DeliveryClaim, LeaseDigest, ReturnPlan, TicketGrant, TicketItem, TicketState, Update,
 };
 use semaphore::keys::{LeaseId, PoolId, PoolKey};
 use semaphore::service::{Budget, Claiming, Step, ToDeliver};
@@ -52,6 +53,7 @@ on_both_stores!(
     a_ticket_reads_expired_at_its_deadline_and_is_never_granted_after,
     a_sync_borrower_leaves_no_live_ticket_behind,
     a_ticket_cancelled_while_its_admission_lands_is_never_served,
+    a_slot_handed_to_a_ticket_as_it_expires_goes_back,
     a_backlog_that_cannot_change_wakes_nobody,
     a_full_backlog_refuses_tickets_with_a_409_naming_its_limit,
     a_borrower_that_could_not_wait_takes_a_spare_slot_over_waiters,
@@ -1337,6 +1339,99 @@ async fn a_ticket_cancelled_while_its_admission_lands_is_never_served(backend: B
     assert_eq!(
         state["in_use"], 0,
         "a slot handed to a cancelled ticket: {state}"
+    );
+}
+
+/// Lands `handoff` (a write planned from `read`, before its ticket's wait
+/// was over) right before the next write through this store: a return
+/// that handed its slot to the queued ticket, landing as a step expires it.
+struct HandOffBeforeNextWrite {
+    inner: Arc<dyn PoolStore>,
+    handoff: Arc<Mutex<Option<(Record, Update)>>>,
+    landed: Arc<Mutex<Option<Record>>>,
+}
+
+#[async_trait::async_trait]
+impl Around for HandOffBeforeNextWrite {
+    fn inner(&self) -> &dyn PoolStore {
+        self.inner.as_ref()
+    }
+
+    async fn update(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        update: &Update,
+    ) -> Result<Updated, StoreError> {
+        let handoff = self.handoff.lock().expect("lock").take();
+        if let Some((planned_from, handoff)) = handoff {
+            let lowered = planned_from.pool.lower(&handoff).0;
+            if let Updated::Written(after) = self.inner.update(key, &planned_from, &lowered).await?
+            {
+                *self.landed.lock().expect("lock") = Some(after);
+            }
+        }
+        self.inner.update(key, read, update).await
+    }
+}
+
+/// A return planned while a ticket still waited hands it the slot, and
+/// lands just as the dispatcher's step expires the ticket (after the step
+/// read the pool, before it takes the ticket out of the queue): the slot
+/// goes back, not held by nobody until its lease ends. (A random test on
+/// DynamoDB Local found a slot left held so.)
+async fn a_slot_handed_to_a_ticket_as_it_expires_goes_back(backend: Backend) {
+    let (store, tickets) = backend.stores().await;
+    let handoff = Arc::new(Mutex::new(None));
+    let landed = Arc::new(Mutex::new(None));
+    let racing = HandOffBeforeNextWrite {
+        inner: store.clone(),
+        handoff: handoff.clone(),
+        landed: landed.clone(),
+    };
+    let service = service_over(Arc::new(Forward(racing)), tickets, Limits::default());
+    let api = ApiClient { service };
+    let pool = pool_id();
+    api.register(&pool, 1).await;
+    let holder = lease();
+    borrow_as(&api, &pool, &holder, 30.0, 0.0).await;
+    let mine = lease();
+    let (status, _) = enqueue(&api, &pool, &mine, "http://127.0.0.1:9/hook", 0.3).await;
+    assert_eq!(status, 202);
+    let enqueued = Instant::now();
+    let key = PoolId(pool.parse().expect("uuid")).key();
+    // Admitted: in the queue.
+    api.service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    let read = store.load(&key).await.expect("read").expect("the pool");
+    let holder_digest = LeaseId(holder.parse().expect("uuid")).digest();
+    let ReturnPlan::Return(_, update) = read.pool.plan_return(holder_digest, now_ms()) else {
+        panic!("the holder's lease is live");
+    };
+    tokio::time::sleep_until((enqueued + Duration::from_millis(400)).into()).await;
+    *handoff.lock().expect("lock") = Some((read, update));
+    api.service
+        .dispatch_step(&key, &[], &mut Budget::new(None))
+        .await
+        .expect("step");
+    let mine_digest = LeaseId(mine.parse().expect("uuid")).digest();
+    let after = landed
+        .lock()
+        .expect("lock")
+        .take()
+        .expect("the hand-off landed");
+    assert!(
+        after.pool.lease_of(mine_digest).is_some(),
+        "the return handed the ticket its slot"
+    );
+    assert_eq!(ticket(&api, &pool, &mine).await["state"], "expired");
+    let (_, state) = api.inspect(&pool).await;
+    assert_eq!(
+        (&state["in_use"], &state["waiting"]),
+        (&json!(0), &json!(0)),
+        "a slot handed to an expired ticket is held: {state}"
     );
 }
 

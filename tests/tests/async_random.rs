@@ -66,6 +66,9 @@ struct Seen {
     attempts: Mutex<HashMap<u64, Vec<(Instant, Instant)>>>,
     /// Ticket number → lease, as enqueues answered.
     leases: Mutex<HashMap<u64, String>>,
+    /// Every sync borrow: its lease, and how it was answered (so that a
+    /// slot left held names whose it was).
+    borrows: Mutex<Vec<(String, String)>>,
 }
 
 /// The wake queue, as both dispatchers: each wake tells them at once.
@@ -148,6 +151,7 @@ async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
                 let (status, grant) = api
                     .call("POST", &format!("/l/{pool}/borrow"), &body.to_string())
                     .await;
+                lock(&seen.borrows).push((lease.clone(), format!("{status} {grant}")));
                 if status != 200 {
                     assert_eq!(status, 409, "{grant}");
                     continue;
@@ -214,6 +218,7 @@ async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
     let made = lock(&made).clone();
     let deadline = Instant::now() + Duration::from_secs(4) + BOUND + Duration::from_secs(3);
     let mut ends: HashMap<&'static str, usize> = HashMap::new();
+    let mut finals: HashMap<String, String> = HashMap::new();
     for (lease, mode) in &made {
         let digest = LeaseId(lease.parse().expect("uuid")).digest();
         let item = loop {
@@ -242,6 +247,7 @@ async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
             (state, mode) => panic!("a {mode} receiver's ticket {} ended {state:?}", item.number),
         }
         *ends.entry(item.state.name()).or_default() += 1;
+        finals.insert(lease.clone(), format!("{} {:?}", item.number, item.state));
     }
     // Receivers that took their grant return it (hold ≤ 40 ms); those that
     // failed or hung had theirs returned within the bound. Both well before
@@ -255,7 +261,35 @@ async fn tickets_end_once_and_holders_never_overlap(backend: Backend) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
-    assert_eq!(state["in_use"], 0, "a slot is still held: {state}");
+    if state["in_use"] != 0 {
+        let held = store
+            .load(&key)
+            .await
+            .ok()
+            .flatten()
+            .map(|r| r.pool.leases())
+            .unwrap_or_default();
+        let whose = |digest| {
+            let tickets = made.iter().map(|(l, m)| {
+                let end = finals.get(l).cloned().unwrap_or_default();
+                (l, format!("ticket {end}, {m} receiver"))
+            });
+            let borrows = lock(&seen.borrows).clone();
+            let borrows = borrows
+                .into_iter()
+                .map(|(l, a)| (l, format!("sync borrow, {a}")));
+            tickets
+                .map(|(l, w)| (l.clone(), w))
+                .chain(borrows)
+                .find(|(l, _)| LeaseId(l.parse().expect("uuid")).digest() == digest)
+                .map_or("nobody's".to_string(), |(_, w)| w)
+        };
+        let held: Vec<String> = held
+            .iter()
+            .map(|l| format!("fence {} at {}: {}", l.fence, l.position, whose(l.digest)))
+            .collect();
+        panic!("a slot is still held: {state}; {held:?}");
+    }
 
     let holds = lock(&seen.holds).clone();
     let delivered = lock(&seen.delivered).clone();

@@ -8,6 +8,7 @@
 use crate::clock::now_ms;
 use crate::domain::{LeaseDigest, ReturnPlan, TicketItem, TicketState, TicketStep};
 use crate::error::Error;
+use crate::keys::PoolKey;
 use crate::service::harness::{write, Harness};
 use crate::service::Service;
 use crate::store::Record;
@@ -85,14 +86,29 @@ impl Service {
             TicketStep::Record { .. } => false,
             // Waits in the queue: ends when its wait does.
             TicketStep::Wait => false,
-            TicketStep::Expire { index } => {
-                self.move_ticket(ctx, key, item, TicketState::Expired)
+            // Its wait is over (or it ended) while still in the queue.
+            TicketStep::Expire { .. } => {
+                let (item, _) = self
+                    .move_ticket(ctx, key, item, TicketState::Expired)
                     .await?;
-                let update = record.pool.plan_cancel(&record.pool.queue()[index].holder);
-                if let Some(update) = update {
-                    record = write(ctx, key, &record, &update, lost).await?;
+                match item.state {
+                    // Granted meanwhile (recorded by another step): listed,
+                    // so that a later step delivers it.
+                    TicketState::Waiting | TicketState::Granted(_) => false,
+                    // Its receiver's: only its place in the queue goes.
+                    TicketState::Delivered { .. } => {
+                        let queued = record.pool.ticket_of(item.digest());
+                        let update = queued.and_then(|(_, t)| record.pool.plan_cancel(&t.holder));
+                        if let Some(update) = update {
+                            record = write(ctx, key, &record, &update, lost).await?;
+                        }
+                        true
+                    }
+                    _ => {
+                        record = let_go(ctx, key, record, &item, lost).await?;
+                        true
+                    }
                 }
-                true
             }
             // Left the queue ungranted: pruned as dead, or its lease
             // id returned (a cancel by return).
@@ -102,5 +118,32 @@ impl Service {
             }
         };
         Ok((record, ended))
+    }
+}
+
+/// Takes the ticket of `item`, ended ungranted, out of `record`'s pool: out
+/// of the queue, and a slot handed to it before that write landed given
+/// back (nobody will use it; once unlisted, no step would look again).
+async fn let_go(
+    ctx: &mut Harness<'_>,
+    key: &PoolKey,
+    mut record: Record,
+    item: &TicketItem,
+    lost: &mut u32,
+) -> Result<Record, Error> {
+    loop {
+        let now = now_ms();
+        let queued = record.pool.ticket_of(item.digest());
+        let update = match queued.and_then(|(_, ticket)| record.pool.plan_cancel(&ticket.holder)) {
+            Some(update) => update,
+            None => match record.pool.grant_to(item).filter(|l| l.is_live(now)) {
+                Some(lease) => match record.pool.plan_return(lease.digest, now) {
+                    ReturnPlan::Return(_, update) => update,
+                    _ => return Ok(record),
+                },
+                None => return Ok(record),
+            },
+        };
+        record = write(ctx, key, &record, &update, lost).await?;
     }
 }
