@@ -374,8 +374,9 @@ fn split_timing() -> Timing {
             split_above: 0,
             hot_max: 1,
             cold_after_ms: 100,
-            // Elected compactors, and past 3 hot entries every writer.
-            every: 2,
+            // Short, so that claims lapse and are claimed over while their
+            // compactions are still under way: compactions race too.
+            claim_ms: 200,
         },
         ..Timing::default()
     }

@@ -28,8 +28,16 @@ pub const FLAT_MAX: u16 = 48;
 /// Slots per segment item: fully held, about 1.3 KB.
 pub const SEGMENT_SLOTS: u16 = 64;
 
-/// How many of the fullest segments elected compactions take turns at.
-const COMPACTION_SPREAD: usize = 3;
+/// At most this many segments in one compaction, and about this many hot
+/// entries moved (the pool item's write conditions on each): hot entries
+/// scatter over every segment when all slots churn, and one segment a
+/// compaction, with a pool item write each, could not keep up.
+pub const COMPACTION_SEGMENTS: usize = 8;
+const COMPACTION_ENTRIES: usize = 64;
+
+/// Low bits of a compaction claim that tell apart writers that claim in the
+/// same millisecond (the rest is the claim's end, Unix ms).
+const CLAIM_NONCE_BITS: u32 = 10;
 
 /// Which new pools are split, and when the pool item's hot entries move to
 /// their segments.
@@ -46,10 +54,10 @@ pub struct Compaction {
     /// segment's version. Short: every live lease kept hot makes every
     /// write of the pool item larger, and a busy pool grants many a second.
     pub cold_after_ms: u64,
-    /// Which writes compact ([`Pool::compaction_turn`]): one in this many,
-    /// so that writers landing together do not all plan the same
-    /// compaction, of which only one can land (1: every write).
-    pub every: u64,
+    /// How long a compaction claim lasts ([`Pool::compaction_claim`]): a
+    /// compaction takes two round trips; a claim whose compactor died
+    /// lapses after this, and the next write claims again.
+    pub claim_ms: u64,
 }
 
 impl Compaction {
@@ -57,14 +65,8 @@ impl Compaction {
         split_above: FLAT_MAX,
         hot_max: 32,
         cold_after_ms: 100,
-        every: 2,
+        claim_ms: 1_000,
     };
-
-    /// Past this many hot entries every write compacts, elected or not: an
-    /// elected compaction that lost is not tried again until the next one.
-    pub fn hot_limit(&self) -> usize {
-        self.hot_max.saturating_mul(3)
-    }
 }
 
 impl Default for Compaction {
@@ -95,6 +97,9 @@ pub struct Split {
     /// runs ahead of `versions` after a compaction that wrote its segment
     /// but not the pool item.
     pub(super) stored: BTreeMap<u16, u32>,
+    /// The compaction claim as read (0: none): its end (Unix ms) in the
+    /// high bits, its writer's nonce in the low [`CLAIM_NONCE_BITS`].
+    pub(super) claim: u64,
 }
 
 impl Split {
@@ -107,7 +112,24 @@ impl Split {
             hot,
             versions,
             stored,
+            claim: 0,
         }
+    }
+
+    /// With the compaction claim `claim` as read (0: none).
+    pub fn with_claim(mut self, claim: u64) -> Self {
+        self.claim = claim;
+        self
+    }
+
+    /// The compaction claim as read (0: none).
+    pub fn claim(&self) -> u64 {
+        self.claim
+    }
+
+    /// Whether a compaction claim is live at `now_ms`.
+    fn claimed_at(&self, now_ms: u64) -> bool {
+        self.claim != 0 && now_ms < self.claim >> CLAIM_NONCE_BITS
     }
 
     pub fn hot(&self) -> &BTreeSet<u16> {
@@ -139,12 +161,12 @@ pub fn segment_of(position: u16) -> u16 {
     position / SEGMENT_SLOTS
 }
 
-/// A compaction step: write the segment, then the pool item. The segment's
-/// write is conditioned on its version being the pool item's as read (no
-/// other compaction of it under way), so that the pool item's write, when
-/// it lands, cools its entries over this very segment.
+/// One segment of a compaction: its item written first, conditioned on
+/// its version being the pool item's as read (no other compaction of it
+/// under way), so that the pool item's write, when it lands, cools its
+/// entries over this very segment.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct CompactionPlan {
+pub struct SegmentWrite {
     pub segment: u16,
     /// The segment item's version as read: its write is conditioned on it.
     pub stored: u32,
@@ -155,14 +177,134 @@ pub struct CompactionPlan {
     /// the pool item shadows its copy). Empty when the segment is not
     /// written (the pool item catches up with a segment written before).
     pub slots: Vec<Slot>,
-    /// The pool item's write: the moved entries as read and the segment's
-    /// version as read; it removes them and advances the version.
+}
+
+/// A compaction step: write its segments (side by side), then the pool
+/// item once for all of them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompactionPlan {
+    pub segments: Vec<SegmentWrite>,
+    /// The pool item's write: per segment, the moved entries as read and
+    /// its version as read; it removes them, advances the versions and
+    /// ends the compaction claim.
     pub update: Update,
+}
+
+impl CompactionPlan {
+    /// The pool item's write without the segments in `lost` (their writes
+    /// did not land: another compaction wrote them first), or `None` when
+    /// no segment is left.
+    pub fn without(&self, lost: &[u16]) -> Option<Update> {
+        if lost.is_empty() {
+            return Some(self.update.clone());
+        }
+        if self.segments.iter().all(|s| lost.contains(&s.segment)) {
+            return None;
+        }
+        let kept = |position: u16| !lost.contains(&segment_of(position));
+        let mut update = self.update.clone();
+        update.expect.retain(|e| match *e {
+            Expect::SegmentVersion { segment, .. } => !lost.contains(&segment),
+            Expect::SlotFree(position) | Expect::SlotStamp { position, .. } => kept(position),
+            _ => true,
+        });
+        update.changes.retain(|c| match *c {
+            Change::SetSegmentVersion { segment, .. } => !lost.contains(&segment),
+            Change::Cool(position) => kept(position),
+            _ => true,
+        });
+        Some(update)
+    }
+}
+
+impl CompactionPlan {
+    /// After this compaction's pool item write lost (an entry it moves was
+    /// written meanwhile), its segments in `landed` written: the pool item
+    /// write again, on `pool` (the item as the loss showed it). Each
+    /// segment as written holds the truth of its positions as first read,
+    /// so an entry whose slot is still what its segment holds may leave;
+    /// one written since stays hot, shadowing its copy. No segment is
+    /// written again. `None` when no segment is left to record (another
+    /// compaction moved its version).
+    pub fn again_on(&self, pool: &Pool, landed: &[u16]) -> Option<CompactionPlan> {
+        let Layout::Split(split) = &pool.layout else {
+            return None;
+        };
+        let recorded = |segment: u16| {
+            self.update.expect.iter().find_map(|e| match *e {
+                Expect::SegmentVersion {
+                    segment: s,
+                    version,
+                } if s == segment => Some(version),
+                _ => None,
+            })
+        };
+        let mut update = Update::default();
+        let mut segments = Vec::new();
+        for write in &self.segments {
+            let written = !write.slots.is_empty();
+            if written && !landed.contains(&write.segment) {
+                continue;
+            }
+            let Some(version) =
+                recorded(write.segment).filter(|v| split.version(write.segment) == *v)
+            else {
+                continue;
+            };
+            update.expect.push(Expect::SegmentVersion {
+                segment: write.segment,
+                version,
+            });
+            let base = write.segment * SEGMENT_SLOTS;
+            for change in &self.update.changes {
+                let Change::Cool(position) = *change else {
+                    continue;
+                };
+                let as_written = write.slots.get(usize::from(position.wrapping_sub(base)));
+                let unchanged = segment_of(position) == write.segment
+                    && split.hot.contains(&position)
+                    && as_written.is_some()
+                    && pool.slots.get(usize::from(position)).unwrap_or(&Slot::Free)
+                        == as_written.unwrap_or(&Slot::Free);
+                if unchanged {
+                    update.expect.push(pool.slot_as_read(position));
+                    update.changes.push(Change::Cool(position));
+                }
+            }
+            update.changes.push(Change::SetSegmentVersion {
+                segment: write.segment,
+                version: write.version,
+            });
+            segments.push(SegmentWrite {
+                segment: write.segment,
+                stored: write.version,
+                version: write.version,
+                slots: Vec::new(),
+            });
+        }
+        if segments.is_empty() {
+            return None;
+        }
+        if split.claim != 0 {
+            update.changes.push(Change::EndCompactionClaim);
+        }
+        Some(CompactionPlan { segments, update })
+    }
 }
 
 impl Pool {
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// Records that segment `segment`'s item now has `version` (a store
+    /// that keeps no segment items of its own, the in-memory one, so that
+    /// its pools show a segment written ahead of the pool item as
+    /// DynamoDB's do).
+    pub fn segment_written(&mut self, segment: u16, version: u32) {
+        if let Layout::Split(split) = &mut self.layout {
+            split.stored.insert(segment, version);
+        }
     }
 
     /// A new pool, split when its count is above `split_above`.
@@ -178,7 +320,7 @@ impl Pool {
     /// The write that splits a flat pool whose count is above
     /// `config.split_above`: one stored before the split layout, or raised
     /// past it by a resize. Its held slots become hot entries and leave the
-    /// pool item with compaction, a segment a write. Conditioned on its
+    /// pool item with compaction. Conditioned on its
     /// slots as read: the same holders and no grant since (so the same
     /// stamps).
     pub fn plan_split(&self, config: Compaction) -> Option<Update> {
@@ -341,58 +483,47 @@ impl Pool {
         }
     }
 
-    /// Whether the write that left this pool compacts it, having taken
-    /// `fences` fences ([`Update::fences`]), and if so its turn (for
-    /// [`Pool::plan_compaction`]). Compaction is due past `hot_max` hot
-    /// entries, and every writer would see it due; one in `every` is
-    /// elected without a word between them. Writes land one at a time, so
-    /// the fences a write took are its own (the last `fences` below the
-    /// counter it left): the writer that took a fence that is a multiple of
-    /// `every` compacts. A write that granted nothing (a join, a free, a
-    /// prune) has no fence of its own, and the hot entries it left would
-    /// not tell a run of them apart (a free of a hot slot leaves their
-    /// number as it was): it is elected by its writer's random `draw`, one
-    /// in `every`. Past [`Compaction::hot_limit`] every writer compacts.
-    ///
-    /// [`Update::fences`]: super::Update::fences
-    pub fn compaction_turn(&self, config: Compaction, fences: u64, draw: u64) -> Option<u64> {
+    /// The change that claims this pool's compaction, for the write that
+    /// leaves this pool (as planned, at `now_ms`) to carry (no request of
+    /// its own, no condition: it collides with nothing): when compaction is
+    /// due (more than `hot_max` hot entries, some of them movable) and no
+    /// claim is live as read.
+    /// Every writer landing meanwhile sees it due; the writer whose write
+    /// left its own claim ([`Pool::holds_compaction_claim`]) compacts, the
+    /// others do not, so that compactions do not race each other (of two
+    /// writing one segment, or cooling one entry, one cannot land).
+    /// `nonce` tells apart writers claiming in the same millisecond.
+    pub fn compaction_claim(&self, config: Compaction, now_ms: u64, nonce: u64) -> Option<Change> {
         let Layout::Split(split) = &self.layout else {
             return None;
         };
-        let hot = split.hot.len() as u64;
-        let every = config.every.max(1);
-        if hot <= config.hot_max as u64 {
+        if split.hot.len() <= config.hot_max || split.claimed_at(now_ms) {
             return None;
         }
-        let elected = if fences == 0 {
-            draw.is_multiple_of(every).then_some(draw / every)
-        } else {
-            (self.next_fence.saturating_sub(fences)..self.next_fence)
-                .find(|f| f.is_multiple_of(every))
-                .map(|f| f / every)
-        };
-        elected.or_else(|| {
-            (hot > config.hot_limit() as u64).then_some(self.next_fence.wrapping_add(hot))
+        self.plan_compaction(config, now_ms)?;
+        let until = now_ms.saturating_add(config.claim_ms.max(1));
+        let token = (until << CLAIM_NONCE_BITS) | (nonce & ((1 << CLAIM_NONCE_BITS) - 1));
+        Some(Change::ClaimCompaction {
+            token,
+            over: split.claim,
         })
     }
 
-    /// The compaction due on this pool at `now_ms`, if any, for the writer
-    /// of turn `turn` ([`Pool::compaction_turn`]): one segment's hot entries
-    /// that may leave the pool item (free ones, expired ones, and live ones
-    /// older than `cold_after_ms`), but not the free or expired ones written
-    /// next (the lowest: one for each waiter, and one for each lease younger
-    /// than `cold_after_ms` up to `hot_max`, for the takes of borrowers that
-    /// cycle), which would be written again at once. The segment is the one with the most
-    /// such entries, or by turns one of the next fullest (up to three, with
-    /// at least half as many): writers elected one after another may
-    /// compact at the same time, and two writing one segment cannot both
-    /// land.
-    pub fn plan_compaction(
-        &self,
-        config: Compaction,
-        now_ms: u64,
-        turn: u64,
-    ) -> Option<CompactionPlan> {
+    /// Whether the compaction claim `token` is this pool's (its writer
+    /// compacts).
+    pub fn holds_compaction_claim(&self, token: u64) -> bool {
+        matches!(&self.layout, Layout::Split(split) if split.claim == token && token != 0)
+    }
+
+    /// The compaction due on this pool at `now_ms`, if any: the hot
+    /// entries that may leave the pool item (free ones, expired ones, and
+    /// live ones older than `cold_after_ms`), but not the free or expired
+    /// ones written next (the lowest: one for each waiter, and one for each
+    /// lease younger than `cold_after_ms` up to `hot_max`, for the takes of
+    /// borrowers that cycle), which would be written again at once. The
+    /// segments with the most such entries first, up to
+    /// [`COMPACTION_SEGMENTS`] of them: one pool item write cools them all.
+    pub fn plan_compaction(&self, config: Compaction, now_ms: u64) -> Option<CompactionPlan> {
         let Layout::Split(split) = &self.layout else {
             return None;
         };
@@ -443,60 +574,68 @@ impl Pool {
         // The most entries first; of equals, the lowest segment.
         let mut ranked: Vec<(u16, Vec<u16>)> = by_segment.into_iter().collect();
         ranked.sort_by_key(|(segment, positions)| (Reverse(positions.len()), *segment));
-        let fullest = ranked.first()?.1.len();
-        let spread = ranked
-            .iter()
-            .take(COMPACTION_SPREAD)
-            .filter(|(_, positions)| positions.len() * 2 >= fullest)
-            .count();
-        let (segment, moved) = ranked.swap_remove((turn % spread as u64) as usize);
-        let from = usize::from(segment) * usize::from(SEGMENT_SLOTS);
-        let slots: Vec<Slot> = (from..from + usize::from(SEGMENT_SLOTS))
-            .map(|p| self.slots.get(p).copied().unwrap_or(Slot::Free))
-            .collect();
-        let recorded = split.version(segment);
-        let stored = split.stored(segment);
         let mut update = Update::default();
-        update.expect.push(Expect::SegmentVersion {
-            segment,
-            version: recorded,
-        });
-        if stored > recorded {
-            // A compaction wrote the segment and not (yet) the pool item.
-            // The segment holds the truth of every position that is cold,
-            // as it did before (a position that turned hot since never
-            // turned cold again without the pool item's version moving), so
-            // the pool item catches up, cooling nothing; a compaction may
-            // then write the segment again. Until then none may: a pool item
-            // write landing after a second segment write would cool its
-            // entries over a segment that is not its own.
-            update.changes.push(Change::SetSegmentVersion {
+        let mut segments = Vec::new();
+        let mut moved_in_all = 0;
+        for (segment, moved) in ranked.into_iter().take(COMPACTION_SEGMENTS) {
+            if moved_in_all >= COMPACTION_ENTRIES {
+                break;
+            }
+            let recorded = split.version(segment);
+            let stored = split.stored(segment);
+            update.expect.push(Expect::SegmentVersion {
                 segment,
-                version: stored,
+                version: recorded,
             });
-            return Some(CompactionPlan {
+            if stored > recorded {
+                // A compaction wrote the segment and not (yet) the pool
+                // item. The segment holds the truth of every position that
+                // is cold, as it did before (a position that turned hot
+                // since never turned cold again without the pool item's
+                // version moving), so the pool item catches up, cooling
+                // nothing of it; a compaction may then write the segment
+                // again. Until then none may: a pool item write landing
+                // after a second segment write would cool its entries over
+                // a segment that is not its own.
+                update.changes.push(Change::SetSegmentVersion {
+                    segment,
+                    version: stored,
+                });
+                segments.push(SegmentWrite {
+                    segment,
+                    stored,
+                    version: stored,
+                    slots: Vec::new(),
+                });
+                continue;
+            }
+            let version = recorded + 1;
+            for &position in &moved {
+                update.expect.push(self.slot_as_read(position));
+                update.changes.push(Change::Cool(position));
+            }
+            moved_in_all += moved.len();
+            update
+                .changes
+                .push(Change::SetSegmentVersion { segment, version });
+            let from = usize::from(segment) * usize::from(SEGMENT_SLOTS);
+            let slots: Vec<Slot> = (from..from + usize::from(SEGMENT_SLOTS))
+                .map(|p| self.slots.get(p).copied().unwrap_or(Slot::Free))
+                .collect();
+            segments.push(SegmentWrite {
                 segment,
                 stored,
-                version: stored,
-                slots: Vec::new(),
-                update,
+                version,
+                slots,
             });
         }
-        let version = recorded + 1;
-        for &position in &moved {
-            update.expect.push(self.slot_as_read(position));
-            update.changes.push(Change::Cool(position));
+        if segments.is_empty() {
+            return None;
         }
-        update
-            .changes
-            .push(Change::SetSegmentVersion { segment, version });
-        Some(CompactionPlan {
-            segment,
-            stored,
-            version,
-            slots,
-            update,
-        })
+        if split.claim != 0 {
+            update.changes.push(Change::EndCompactionClaim);
+        }
+        Some(CompactionPlan { segments, update })
     }
 
     /// Applies a layout change of `change` (made on `next`, the pool so far)
@@ -530,6 +669,12 @@ impl Pool {
                 split.versions.insert(segment, version);
                 split.stored.insert(segment, version);
             }
+            // As DynamoDB's `if_not_exists` when none was read (the first
+            // claim to land stands), else over the lapsed claim read.
+            Change::ClaimCompaction { token, over } if over != 0 || split.claim == 0 => {
+                split.claim = token;
+            }
+            Change::EndCompactionClaim => split.claim = 0,
             // Truncated hot entries stay in the pool item (free): only
             // compaction, which writes their segment first, removes one.
             _ => {}

@@ -1,7 +1,7 @@
 //! Tests of `layout.rs`.
 
 use super::super::test_support::*;
-use super::super::BorrowPlan;
+use super::super::{BorrowPlan, ReturnPlan};
 use super::*;
 
 const NOW: u64 = 1_000_000;
@@ -68,60 +68,70 @@ fn a_write_on_a_cold_slot_conditions_on_its_segment_version() {
     assert!(after.apply(&lowered).is_err());
 }
 
-/// Writers landing together each find compaction due; one in `every`
-/// compacts, told apart by the fences their writes took (or, for a write
-/// that granted nothing, by its writer's random draw), and past the limit
-/// every one does.
+/// A write that finds compaction due carries a claim; of writers landing
+/// together the first claim stands, and only its writer compacts (its
+/// compaction ends the claim). A claim that lapsed is claimed over. A flat
+/// pool never compacts.
 #[test]
-fn of_the_writes_that_find_compaction_due_one_in_every_compacts() {
+fn a_write_that_finds_compaction_due_claims_it_and_only_its_claimer_compacts() {
     let config = Compaction {
         hot_max: 16,
-        every: 2,
         ..Compaction::DEFAULT
     };
-    let mut pool = held_pool(200, &(0..16).collect::<Vec<u8>>(), NOW);
-    assert_eq!(pool.next_fence(), 17);
-    // At the bound: nobody.
-    assert!(pool.compaction_turn(config, 1, 0).is_none());
-    let mut elected = Vec::new();
-    for n in 16..26u8 {
-        borrow(&mut pool, n, 60_000, NOW);
-        if let Some(turn) = pool.compaction_turn(config, 1, 1) {
-            elected.push((pool.next_fence() - 1, turn));
-        }
-    }
-    let by_fence = [(18, 9), (20, 10), (22, 11), (24, 12), (26, 13)];
-    assert_eq!(elected, by_fence, "by the fence each took");
-    // A write of two fences takes an even one.
-    assert!(pool.compaction_turn(config, 2, 1).is_some());
-    // A write that granted nothing: by its writer's draw, whatever the
-    // hot entries it left.
-    assert_eq!(split(&pool).hot().len(), 26);
-    assert_eq!(pool.compaction_turn(config, 0, 8), Some(4));
-    assert!(pool.compaction_turn(config, 0, 7).is_none());
-    borrow(&mut pool, 26, 60_000, NOW);
-    assert_eq!(pool.compaction_turn(config, 0, 8), Some(4));
-    assert!(pool.compaction_turn(config, 0, 7).is_none());
-    // With `every` 1, every write.
-    let always = Compaction { every: 1, ..config };
-    assert!(
-        pool.compaction_turn(always, 0, 7).is_some()
-            && pool.compaction_turn(always, 1, 7).is_some()
+    let pool = held_pool(200, &(0..16).collect::<Vec<u8>>(), NOW - 10_000);
+    // At the bound: not due.
+    assert_eq!(pool.compaction_claim(config, NOW, 1), None);
+    let pool = held_pool(200, &(0..17).collect::<Vec<u8>>(), NOW - 10_000);
+    let Some(Change::ClaimCompaction { token: a, over: 0 }) = pool.compaction_claim(config, NOW, 1)
+    else {
+        panic!("due, unclaimed")
+    };
+    let Some(Change::ClaimCompaction { token: b, over: 0 }) = pool.compaction_claim(config, NOW, 2)
+    else {
+        panic!("due, unclaimed")
+    };
+    assert_ne!(a, b, "told apart by their nonces");
+    let carry = |pool: &Pool, claim: Change| {
+        pool.apply(&Update {
+            expect: Vec::new(),
+            changes: vec![claim],
+        })
+        .expect("a claim has no condition")
+    };
+    // Both land: the first claim stands.
+    let claimed = carry(&pool, Change::ClaimCompaction { token: a, over: 0 });
+    let claimed = carry(&claimed, Change::ClaimCompaction { token: b, over: 0 });
+    assert!(claimed.holds_compaction_claim(a));
+    assert!(!claimed.holds_compaction_claim(b));
+    // Live: nobody claims again.
+    assert_eq!(
+        claimed.compaction_claim(config, NOW + config.claim_ms - 1, 3),
+        None
     );
-    // Past the limit every write, whatever its fence.
-    for n in 27..=config.hot_limit() as u8 {
-        borrow(&mut pool, n, 60_000, NOW);
-    }
-    assert_eq!(split(&pool).hot().len(), config.hot_limit() + 1);
-    assert_eq!(pool.next_fence() % 2, 0, "the last fence taken is odd");
-    assert!(pool.compaction_turn(config, 1, 7).is_some());
-    assert!(pool.compaction_turn(config, 0, 7).is_some());
+    // Lapsed: claimed over.
+    let Some(over) = claimed.compaction_claim(config, NOW + config.claim_ms, 3) else {
+        panic!("lapsed")
+    };
+    assert!(matches!(over, Change::ClaimCompaction { over, .. } if over == a));
+    let Change::ClaimCompaction { token: c, .. } = over else {
+        unreachable!()
+    };
+    assert!(carry(&claimed, over).holds_compaction_claim(c));
+    // The compaction ends the claim.
+    let plan = claimed.plan_compaction(config, NOW).expect("due");
+    assert!(plan.update.changes.contains(&Change::EndCompactionClaim));
+    let after = claimed
+        .apply(&plan.update)
+        .expect("a fresh compaction lands");
+    assert_eq!(split(&after).claim(), 0);
+    assert!(split(&after).hot().is_empty(), "every old entry left");
     // A flat pool never compacts.
     let mut flat = Pool::new(FLAT_MAX, 0);
     for n in 0..FLAT_MAX as u8 {
-        borrow(&mut flat, n, 60_000, NOW);
+        borrow(&mut flat, n, 60_000, NOW - 10_000);
     }
-    assert!(flat.compaction_turn(always, 1, 0).is_none());
+    assert_eq!(flat.compaction_claim(config, NOW, 1), None);
+    assert_eq!(flat.plan_compaction(config, NOW), None);
 }
 
 #[test]
@@ -137,12 +147,12 @@ fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
         split_above: FLAT_MAX,
         hot_max: 4,
         cold_after_ms: 4_000,
-        every: 1,
+        claim_ms: 1_000,
     };
-    let plan = pool
-        .plan_compaction(config, NOW, 0)
-        .expect("compaction due");
-    assert_eq!(plan.segment, 0);
+    let plan = pool.plan_compaction(config, NOW).expect("compaction due");
+    assert_eq!(plan.segments.len(), 1, "segment 1's are all young");
+    let segment = &plan.segments[0];
+    assert_eq!(segment.segment, 0);
     let moved: Vec<u16> = plan
         .update
         .changes
@@ -153,9 +163,9 @@ fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
         })
         .collect();
     assert_eq!(moved, vec![0, 1, 2], "only the old grants leave");
-    assert_eq!(plan.slots.len(), usize::from(SEGMENT_SLOTS));
-    assert_eq!(plan.slots[..64], pool.slots()[..64]);
-    assert_eq!((plan.stored, plan.version), (0, 1));
+    assert_eq!(segment.slots.len(), usize::from(SEGMENT_SLOTS));
+    assert_eq!(segment.slots[..64], pool.slots()[..64]);
+    assert_eq!((segment.stored, segment.version), (0, 1));
     let after = pool.apply(&plan.update).expect("a fresh compaction lands");
     assert!(!split(&after).hot().contains(&0));
     assert_eq!(split(&after).version(0), 1);
@@ -165,12 +175,14 @@ fn compaction_moves_the_fullest_segments_free_expired_and_old_entries() {
         hot_max: 1_000,
         ..config
     };
-    assert_eq!(pool.plan_compaction(relaxed, NOW, 0), None);
-    // Once they have aged, segment 1's leave too (the fullest first).
+    assert_eq!(pool.plan_compaction(relaxed, NOW), None);
+    // Once they have aged, segment 1's leave too, in the same write (the
+    // fullest first).
     let later = after
-        .plan_compaction(config, NOW + 4_000, 0)
+        .plan_compaction(config, NOW + 4_000)
         .expect("compaction due");
-    assert_eq!(later.segment, 0, "61 old entries of segment 0 first");
+    let segments: Vec<u16> = later.segments.iter().map(|s| s.segment).collect();
+    assert_eq!(segments, [0, 1], "61 old entries of segment 0 first");
 }
 
 /// Borrowers that cycle take the lowest free slots again at once: as many
@@ -191,13 +203,13 @@ fn compaction_leaves_hot_the_free_slots_cycling_borrowers_take_next() {
         split_above: FLAT_MAX,
         hot_max: 4,
         cold_after_ms: 4_000,
-        every: 1,
+        claim_ms: 1_000,
     };
-    let moved = cooled(&pool.plan_compaction(config, NOW, 0).expect("due"));
+    let moved = cooled(&pool.plan_compaction(config, NOW).expect("due"));
     let expected: Vec<u16> = [0].into_iter().chain(5..=18).chain([19]).collect();
     assert_eq!(moved, expected, "3 and 4 are the next takes'");
     // Once those grants are old, nothing cycles: every free slot may leave.
-    let later = cooled(&pool.plan_compaction(config, NOW + 4_000, 0).expect("due"));
+    let later = cooled(&pool.plan_compaction(config, NOW + 4_000).expect("due"));
     assert_eq!(later, (0..20).collect::<Vec<u16>>());
     // More borrowers cycle than `hot_max`: no more than `hot_max` free slots
     // stay hot for them (the pool item's size stays bounded).
@@ -212,7 +224,7 @@ fn compaction_leaves_hot_the_free_slots_cycling_borrowers_take_next() {
         hot_max: 2,
         ..config
     };
-    let moved = cooled(&pool.plan_compaction(capped, NOW, 0).expect("due"));
+    let moved = cooled(&pool.plan_compaction(capped, NOW).expect("due"));
     assert!(!moved.contains(&3) && !moved.contains(&4), "{moved:?}");
     assert!(moved.contains(&19), "{moved:?}");
 }
@@ -229,38 +241,54 @@ fn cooled(plan: &CompactionPlan) -> Vec<u16> {
         .collect()
 }
 
-/// Writers elected one after another take turns at the fullest segments
-/// (two writing one segment cannot both land), and leave hot the
+/// One compaction cools the fullest segments' entries in one pool item
+/// write (the most first, up to a bound of entries), and leaves hot the
 /// free slots the queue's waiters are handed next.
 #[test]
-fn elected_compactions_take_turns_and_leave_the_waiters_next_slots() {
-    // Old grants on 0..140 (the pool full): segments 0 and 1 with 64
-    // each, 2 with 12. Those on 3 and 5 run out at NOW - 2 s.
-    let mut pool = Pool::new(140, 0);
+fn a_compaction_takes_the_fullest_segments_and_leaves_the_waiters_next_slots() {
+    // Old grants on 0..140 (those on 3 and 5 run out at NOW - 2 s), of
+    // which 0..10, 64..74 and 128..131 are hot.
+    let mut pool = Pool::new(200, 0);
     for n in 0..140u8 {
         let ttl = if n == 3 || n == 5 { 8_000 } else { 60_000 };
-        borrow(&mut pool, n, ttl, NOW - 10_000);
+        assert_eq!(borrow(&mut pool, n, ttl, NOW - 10_000), Some(u16::from(n)));
     }
+    let hot = (0..10).chain(64..74).chain(128..131).collect();
+    let mut pool = pool.with_layout(Layout::Split(Box::new(Split::new(
+        hot,
+        BTreeMap::new(),
+        BTreeMap::new(),
+    ))));
     let config = Compaction {
         hot_max: 4,
-        every: 1,
         ..Compaction::DEFAULT
     };
-    let segments: Vec<u16> = (0..4)
-        .map(|turn| pool.plan_compaction(config, NOW, turn).unwrap().segment)
-        .collect();
-    // Segment 2 has fewer than half the fullest's: not worth its write.
-    assert_eq!(segments, [0, 1, 0, 1]);
+    let plan = pool.plan_compaction(config, NOW).unwrap();
+    let segments: Vec<u16> = plan.segments.iter().map(|s| s.segment).collect();
+    assert_eq!(segments, [0, 1, 2]);
+    assert_eq!(cooled(&plan).len(), 23);
+    let after = pool.apply(&plan.update).expect("a fresh compaction lands");
+    assert!(split(&after).hot().is_empty());
+    assert_eq!(after.slots(), pool.slots(), "the truth is unchanged");
     // One waiter in line since before 3 and 5 ran out: the lowest of them
     // is its next, and stays; the other leaves with the rest.
     join(&mut pool, 200, 60_000, NOW + 5_000, NOW - 5_000);
     assert_eq!(pool.queue().len(), 1);
-    // Segment 0 has 63 entries that may leave now, second to segment 1.
-    let plan = pool.plan_compaction(config, NOW, 1).unwrap();
-    assert_eq!(plan.segment, 0);
-    let moved = cooled(&plan);
+    let moved = cooled(&pool.plan_compaction(config, NOW).unwrap());
     assert!(!moved.contains(&3) && moved.contains(&5), "{moved:?}");
-    assert_eq!(moved.len(), 63);
+    assert_eq!(moved.len(), 22);
+    // Many segments' worth: the first segments up to the bound of
+    // entries, the rest left for the next compaction.
+    let mut full = Pool::new(1_000, 0);
+    for n in 0..200u8 {
+        borrow(&mut full, n, 60_000, NOW - 10_000);
+    }
+    for n in 0..200u8 {
+        assert!(give_back(&mut full, n, NOW - 10_000));
+    }
+    let plan = full.plan_compaction(config, NOW).unwrap();
+    assert!(cooled(&plan).len() <= 64 + usize::from(SEGMENT_SLOTS));
+    assert!(plan.segments.len() < 4, "{:?}", plan.segments.len());
 }
 
 /// A compaction that wrote its segment but not the pool item leaves the
@@ -280,10 +308,10 @@ fn a_segment_ahead_of_the_pool_item_is_caught_up_before_it_is_written_again() {
         split_above: FLAT_MAX,
         hot_max: 0,
         cold_after_ms: 4_000,
-        every: 1,
+        claim_ms: 1_000,
     };
-    let plan = ahead.plan_compaction(config, NOW, 0).unwrap();
-    assert!(plan.slots.is_empty(), "no segment write");
+    let plan = ahead.plan_compaction(config, NOW).unwrap();
+    assert!(plan.segments[0].slots.is_empty(), "no segment write");
     assert_eq!(
         plan.update.changes,
         vec![Change::SetSegmentVersion {
@@ -297,8 +325,55 @@ fn a_segment_ahead_of_the_pool_item_is_caught_up_before_it_is_written_again() {
         split(&ahead).hot(),
         "nothing cooled"
     );
-    let next = caught_up.plan_compaction(config, NOW, 0).unwrap();
-    assert_eq!((next.stored, next.version), (1, 2));
+    let next = caught_up.plan_compaction(config, NOW).unwrap();
+    assert_eq!((next.segments[0].stored, next.segments[0].version), (1, 2));
+}
+
+/// A compaction whose pool item write lost (an entry it moves was returned
+/// meanwhile) after its segments landed is made again on the pool as the
+/// loss showed it: the entries still as their segment holds them leave,
+/// the one written since stays hot, and no segment is written again.
+#[test]
+fn a_lost_compaction_is_made_again_over_its_segments() {
+    let config = Compaction {
+        hot_max: 0,
+        ..Compaction::DEFAULT
+    };
+    // Old grants on 0..4 (segment 0) and 64..66 (segment 1).
+    let mut pool = Pool::new(200, 0);
+    for n in 0..66u8 {
+        borrow(&mut pool, n, 60_000, NOW - 10_000);
+    }
+    let hot = (0..4).chain(64..66).collect();
+    let pool = pool.with_layout(Layout::Split(Box::new(Split::new(
+        hot,
+        BTreeMap::new(),
+        BTreeMap::new(),
+    ))));
+    let plan = pool.plan_compaction(config, NOW).expect("due");
+    assert_eq!(cooled(&plan), [0, 1, 2, 3, 64, 65]);
+    // Holder 2 returns between the segments' writes and the pool item's.
+    let ReturnPlan::Return(_, update) = pool.plan_return(d(2), NOW) else {
+        panic!()
+    };
+    let moved_on = pool.apply(&pool.lower(&update).0).unwrap();
+    assert!(
+        moved_on.apply(&plan.update).is_err(),
+        "the first write loses"
+    );
+    // Segment 1's write was refused (another compaction's, say): only
+    // segment 0's entries may leave, and not 2.
+    let again = plan.again_on(&moved_on, &[0]).expect("segment 0 landed");
+    assert_eq!(cooled(&again), [0, 1, 3]);
+    assert!(again.segments.iter().all(|s| s.slots.is_empty()));
+    assert_eq!(again.segments.len(), 1);
+    let after = moved_on.apply(&again.update).expect("it lands");
+    assert_eq!(split(&after).version(0), 1);
+    assert_eq!(split(&after).version(1), 0);
+    assert!(split(&after).hot().contains(&2), "written since: hot");
+    assert_eq!(after.slots(), moved_on.slots(), "the truth is unchanged");
+    // Another compaction recorded segment 0 first: nothing to make again.
+    assert_eq!(plan.again_on(&after, &[0]), None);
 }
 
 /// A take that landed though the same holder took another slot since
@@ -388,8 +463,7 @@ fn a_large_flat_pool_is_split_on_its_slots_as_read() {
         panic!()
     };
     assert!(flat.apply(&update).unwrap().apply(&plan).is_err());
-    let crate::domain::ReturnPlan::Return(_, update) = flat.plan_return(h(2, 60_000).digest, NOW)
-    else {
+    let ReturnPlan::Return(_, update) = flat.plan_return(h(2, 60_000).digest, NOW) else {
         panic!()
     };
     assert!(flat.apply(&update).unwrap().apply(&plan).is_err());

@@ -33,11 +33,9 @@ enum Op {
     Advance {
         ms: u64,
     },
-    /// A compaction is planned on the pool as read (split pools), for
-    /// the `turn`-th elected writer.
-    Compact {
-        turn: u64,
-    },
+    /// A compaction is planned on the pool as read (split pools): as by
+    /// the claim's holder, or by another after a claim lapsed (they race).
+    Compact,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -49,7 +47,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u16..5).prop_map(|count| Op::Resize { count }),
         8 => any::<usize>().prop_map(|which| Op::Land { which }),
         3 => (0u64..60).prop_map(|ms| Op::Advance { ms }),
-        2 => (0u64..6).prop_map(|turn| Op::Compact { turn }),
+        2 => Just(Op::Compact),
     ]
 }
 
@@ -162,6 +160,14 @@ enum InFlight {
         seen: Vec<LeaseDigest>,
     },
     Segment(CompactionPlan),
+    /// A compaction's pool item write (`update`) after its segments in
+    /// `landed` did: when it loses, made again on the pool as it is
+    /// ([`CompactionPlan::again_on`]), as the harness does.
+    Compaction {
+        first: CompactionPlan,
+        landed: Vec<u16>,
+        update: Update,
+    },
 }
 
 fn plan(pool: &Pool, update: Update) -> InFlight {
@@ -212,7 +218,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
         split_above: 0,
         hot_max: 0,
         cold_after_ms: 100,
-        every: 1,
+        claim_ms: 1_000,
     };
     let mut segments = Segments::new();
     let mut in_flight: Vec<InFlight> = Vec::new();
@@ -283,7 +289,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                     in_flight.push(plan(&pool, update));
                 }
             }
-            Op::Compact { turn } => {
+            Op::Compact => {
                 // As a store reads it: the segment items' own versions.
                 let mut read = pool.clone();
                 if let Layout::Split(split) = &pool.layout {
@@ -294,7 +300,7 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                         stored,
                     ))));
                 }
-                if let Some(compaction) = read.plan_compaction(compaction, now, turn) {
+                if let Some(compaction) = read.plan_compaction(compaction, now) {
                     in_flight.push(InFlight::Segment(compaction));
                 }
             }
@@ -303,31 +309,55 @@ fn race(initial: u16, ops: Vec<Op>, split: bool) -> Result<(), TestCaseError> {
                     continue;
                 }
                 match in_flight.remove(which % in_flight.len()) {
-                    InFlight::Segment(compaction) if compaction.slots.is_empty() => {
-                        in_flight.push(InFlight::Write {
-                            lowered: compaction.update.clone(),
-                            planned: compaction.update,
-                            unchecked: None,
-                            seen: Vec::new(),
-                        });
-                    }
                     InFlight::Segment(compaction) => {
-                        // Conditioned on the segment item's version as read;
-                        // the pool item's write follows it, landing later.
-                        let stored = segments.get(&compaction.segment).map_or(0, |(v, _)| *v);
-                        if stored == compaction.stored {
-                            segments.insert(
-                                compaction.segment,
-                                (compaction.version, compaction.slots.clone()),
-                            );
-                            in_flight.push(InFlight::Write {
-                                lowered: compaction.update.clone(),
-                                planned: compaction.update,
-                                unchecked: None,
-                                seen: Vec::new(),
+                        // Each segment conditioned on its item's version as
+                        // read; the pool item's write, for those that
+                        // landed, follows them, landing later.
+                        let mut lost = Vec::new();
+                        for segment in compaction.segments.iter().filter(|s| !s.slots.is_empty()) {
+                            let stored = segments.get(&segment.segment).map_or(0, |(v, _)| *v);
+                            if stored == segment.stored {
+                                segments.insert(
+                                    segment.segment,
+                                    (segment.version, segment.slots.clone()),
+                                );
+                            } else {
+                                lost.push(segment.segment);
+                            }
+                        }
+                        if let Some(update) = compaction.without(&lost) {
+                            let landed = compaction
+                                .segments
+                                .iter()
+                                .filter(|s| !s.slots.is_empty() && !lost.contains(&s.segment))
+                                .map(|s| s.segment)
+                                .collect();
+                            in_flight.push(InFlight::Compaction {
+                                first: compaction,
+                                landed,
+                                update,
                             });
                         }
                     }
+                    InFlight::Compaction {
+                        first,
+                        landed,
+                        update,
+                    } => match pool.apply(&update) {
+                        Ok(next) => {
+                            check_landed(&pool, &next, &update, &[], now)?;
+                            pool = next;
+                        }
+                        Err(_) => {
+                            if let Some(again) = first.again_on(&pool, &landed) {
+                                in_flight.push(InFlight::Compaction {
+                                    first,
+                                    landed,
+                                    update: again.update,
+                                });
+                            }
+                        }
+                    },
                     InFlight::Write {
                         lowered,
                         planned,

@@ -121,6 +121,18 @@ pub enum Change {
     /// A flat pool item becomes split: each held slot a hot entry, every
     /// segment unwritten (free), for compaction to cool.
     Split,
+    /// Claims a split pool's compaction for the writer of `token`
+    /// ([`Pool::compaction_claim`]), carried by a write of its own: set
+    /// unless a claim is there when `over` (the claim as read) is 0, else
+    /// set over it (it had lapsed).
+    ///
+    /// [`Pool::compaction_claim`]: super::Pool::compaction_claim
+    ClaimCompaction {
+        token: u64,
+        over: u64,
+    },
+    /// Ends the compaction claim (the compaction's own pool item write).
+    EndCompactionClaim,
 }
 
 /// A conditional change: every expectation holds, or nothing changes. The
@@ -344,7 +356,11 @@ fn apply_change(
         }
         Change::RemoveListed(digest) => next.line.listed.retain(|(d, _)| *d != digest),
         // Where slots are stored: see `Pool::apply_layout`.
-        Change::Cool(_) | Change::SetSegmentVersion { .. } | Change::Split => {}
+        Change::Cool(_)
+        | Change::SetSegmentVersion { .. }
+        | Change::Split
+        | Change::ClaimCompaction { .. }
+        | Change::EndCompactionClaim => {}
     }
 }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join, join_all};
 
 use crate::clock::now_ms;
-use crate::domain::{Holder, LeaseDigest, TicketGrant, Update};
+use crate::domain::{Change, Holder, Layout, LeaseDigest, TicketGrant, Update};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
@@ -197,7 +197,21 @@ impl Harness<'_> {
         read: &Record,
         update: &Update,
     ) -> Result<Updated, StoreError> {
-        let (lowered, unchecked) = read.pool.lower(update);
+        let (mut lowered, unchecked) = read.pool.lower(update);
+        // Compaction due once this write lands (on the pool as read), and
+        // unclaimed as read: this write claims it.
+        let claim = match read.pool.layout() {
+            Layout::Split(_) => {
+                let after = read.pool.apply(&lowered).ok();
+                after.as_ref().unwrap_or(&read.pool).compaction_claim(
+                    self.timing.compaction,
+                    now_ms(),
+                    (semaphore_wire::unit() * f64::from(u32::MAX)) as u64,
+                )
+            }
+            Layout::Flat => None,
+        };
+        lowered.changes.extend(claim);
         let result = self.call(self.store.update(key, read, &lowered)).await;
         let result = match (result, unchecked) {
             (Ok(Updated::Written(record)), Some(holder)) => {
@@ -228,9 +242,13 @@ impl Harness<'_> {
             _ => None,
         };
         let result = match result {
-            Ok(Updated::Written(record)) => Ok(Updated::Written(
-                self.compact(key, record, update.fences()).await,
-            )),
+            Ok(Updated::Written(record)) => {
+                let token = match claim {
+                    Some(Change::ClaimCompaction { token, .. }) => token,
+                    _ => 0,
+                };
+                Ok(Updated::Written(self.compact(key, record, token).await))
+            }
             result => result,
         };
         if let Ok(Updated::Lost(_)) = &result {
@@ -299,13 +317,13 @@ impl Harness<'_> {
     }
 
     /// Runs the compaction (or the split) `record`'s pool has due, if any,
-    /// when the write that left it (taking `fences` fences) is the one to
-    /// ([`Pool::compaction_turn`]): the record after it, or as it was when
-    /// it did not land (another write got there first; it is due again on
-    /// a later write).
+    /// when the write that left it holds the pool's compaction claim
+    /// (`token`, 0: it carried none; [`Pool::compaction_claim`]): the record
+    /// after it, or as it was when it did not land (its claim then lapses,
+    /// and a later write claims again).
     ///
-    /// [`Pool::compaction_turn`]: crate::domain::Pool::compaction_turn
-    async fn compact(&mut self, key: &PoolKey, record: Record, fences: u64) -> Record {
+    /// [`Pool::compaction_claim`]: crate::domain::Pool::compaction_claim
+    async fn compact(&mut self, key: &PoolKey, record: Record, token: u64) -> Record {
         // A flat pool of a large count (stored before the split layout, or
         // resized past it) is split first: one write of the pool item.
         if let Some(split) = record.pool.plan_split(self.timing.compaction) {
@@ -314,22 +332,60 @@ impl Harness<'_> {
                 _ => record,
             };
         }
+        if !record.pool.holds_compaction_claim(token) {
+            return record;
+        }
         let config = self.timing.compaction;
-        let Some(plan) = record
-            .pool
-            .compaction_turn(
-                config,
-                fences,
-                (semaphore_wire::unit() * f64::from(u32::MAX)) as u64,
-            )
-            .and_then(|turn| record.pool.plan_compaction(config, now_ms(), turn))
-        else {
+        let Some(mut plan) = record.pool.plan_compaction(config, now_ms()) else {
             return record;
         };
-        match self.call(self.store.compact(key, &record, &plan)).await {
-            Ok(Updated::Written(after)) => after,
-            _ => record,
+        let mut record = record;
+        // A pool item write that lost (an entry it moves was written
+        // meanwhile) is made again over the segments that landed, on the
+        // item as the loss showed it: they are not written again. A few
+        // times: each try conditions on fewer entries.
+        let mut first = plan.clone();
+        let mut landed: Option<Vec<u16>> = None;
+        for _ in 0..3 {
+            let lost = match self.call(self.store.compact(key, &record, &plan)).await {
+                Ok(Updated::Written(after)) => return after,
+                Ok(Updated::Lost(lost)) => lost,
+                _ => return record,
+            };
+            if lost == record {
+                // The read as it was (a segment written by another
+                // compaction, or a version moved): planned again on a
+                // fresh read, while the claim is still ours.
+                let fresh = match self.call(self.store.load(key)).await {
+                    Ok(Some(fresh)) if fresh.incarnation == record.incarnation => fresh,
+                    _ => return record,
+                };
+                let replanned = Some(&fresh)
+                    .filter(|r| r.pool.holds_compaction_claim(token))
+                    .and_then(|r| r.pool.plan_compaction(config, now_ms()));
+                let Some(replanned) = replanned else {
+                    return fresh;
+                };
+                (first, plan, landed, record) = (replanned.clone(), replanned, None, fresh);
+                continue;
+            }
+            let Layout::Split(split) = lost.pool.layout() else {
+                return lost;
+            };
+            let landed = landed.get_or_insert_with(|| {
+                first
+                    .segments
+                    .iter()
+                    .filter(|s| !s.slots.is_empty() && split.stored(s.segment) >= s.version)
+                    .map(|s| s.segment)
+                    .collect()
+            });
+            let Some(again) = first.again_on(&lost.pool, landed) else {
+                return lost;
+            };
+            (plan, record) = (again, lost);
         }
+        record
     }
 
     /// Tells the service's hook that the pool has grants for async tickets

@@ -94,7 +94,34 @@ impl PoolStore for MemoryStore {
         read: &Record,
         plan: &CompactionPlan,
     ) -> Result<Updated, StoreError> {
-        self.update(key, read, &plan.update).await
+        // The segment items first, each written only at the version the
+        // plan read (as DynamoDB's conditional `PutItem`s): one written
+        // ahead of the pool item shows, as it does there.
+        let lost: Vec<u16> = {
+            let mut pools = self.pools();
+            let Some(current) = pools.get_mut(key) else {
+                return Ok(Updated::Gone);
+            };
+            let mut lost = Vec::new();
+            for segment in plan.segments.iter().filter(|s| !s.slots.is_empty()) {
+                let stored = match current.pool.layout() {
+                    Layout::Split(split) => split.stored(segment.segment),
+                    Layout::Flat => segment.stored,
+                };
+                if stored == segment.stored && current.incarnation == read.incarnation {
+                    current
+                        .pool
+                        .segment_written(segment.segment, segment.version);
+                } else {
+                    lost.push(segment.segment);
+                }
+            }
+            lost
+        };
+        match plan.without(&lost) {
+            Some(update) => self.update(key, read, &update).await,
+            None => Ok(Updated::Lost(read.clone())),
+        }
     }
 
     async fn delete(&self, key: &PoolKey) -> Result<bool, StoreError> {

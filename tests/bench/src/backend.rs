@@ -314,7 +314,7 @@ impl Around for Classified {
         read: &Record,
         plan: &CompactionPlan,
     ) -> Result<Updated, StoreError> {
-        let kind = if plan.slots.is_empty() {
+        let kind = if plan.segments.iter().all(|s| s.slots.is_empty()) {
             "compaction (catch-up)"
         } else {
             "compaction"

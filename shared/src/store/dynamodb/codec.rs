@@ -8,8 +8,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, BASE, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS, INCARNATION,
-    LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
+    ACTIVE, ADMITTED, BASE, COMPACTION_CLAIM, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT,
+    HOT_STAMPS, INCARNATION, LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
 use super::schema::{PK, POOL_ITEM, SK};
 use crate::domain::{
@@ -160,11 +160,15 @@ pub(super) fn slot_attributes(pool: &Pool) -> Vec<(String, AttributeValue)> {
                 .iter()
                 .map(|(k, v)| (k.to_string(), number(*v)))
                 .collect();
-            vec![
+            let mut attributes = vec![
                 (HOT.to_string(), AttributeValue::M(hot)),
                 (HOT_STAMPS.to_string(), AttributeValue::M(stamps)),
                 (SEGMENTS.to_string(), AttributeValue::M(versions)),
-            ]
+            ];
+            if split.claim() != 0 {
+                attributes.push((COMPACTION_CLAIM.to_string(), number(split.claim())));
+            }
+            attributes
         }
     }
 }
@@ -427,7 +431,11 @@ fn split_slots(a: &Attrs, count: u16, cold: &Cold) -> Result<(Vec<Slot>, Layout)
         list[usize::from(p)] = slot;
     }
     let versions = segment_versions(a.item)?;
-    let split = Split::new(positions, versions, cold.stored.clone());
+    let claim = match a.item.get(COMPACTION_CLAIM) {
+        Some(claim) => a.small(Some(claim), COMPACTION_CLAIM)?,
+        None => 0,
+    };
+    let split = Split::new(positions, versions, cold.stored.clone()).with_claim(claim);
     Ok((list, Layout::Split(Box::new(split))))
 }
 

@@ -41,15 +41,15 @@ fn split_items_round_trip_with_their_cold_slots() {
         hot_max: 0,
         ..Compaction::DEFAULT
     };
-    let plan = after.plan_compaction(config, NOW + 10_000, 0).unwrap();
-    assert_eq!(plan.segment, 1);
+    let plan = after.plan_compaction(config, NOW + 10_000).unwrap();
+    assert_eq!(plan.segments[0].segment, 1);
     let after = after.apply(&plan.update).unwrap();
     let record = Record {
         incarnation: 5,
         pool: after.clone(),
     };
     let mut cold = cold.clone();
-    cold.held.insert(70, plan.slots[70 - 64]);
+    cold.held.insert(70, plan.segments[0].slots[70 - 64]);
     cold.stored.insert(1, 1);
     let decoded = decode_split(&encode(&key, &record), &cold).unwrap();
     assert_eq!(decoded.pool.slots(), after.slots());

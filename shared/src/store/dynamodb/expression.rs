@@ -10,8 +10,8 @@ use super::codec::{
     stamp_value, HANDED, STAMP_SCALE,
 };
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS, INCARNATION,
-    LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
+    ACTIVE, ADMITTED, COMPACTION_CLAIM, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS,
+    INCARNATION, LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
 use crate::domain::{Change, Expect, Holder, LeaseDigest, Pool, Update, TICKET_GRACE_MS};
 use crate::store::Record;
@@ -211,6 +211,21 @@ impl Clauses {
             }
             // Written by [`Expression::splitting`] alone.
             Change::Split => {}
+            // No condition: a claim collides with no write. When none was
+            // read the first claim to land stands.
+            Change::ClaimCompaction { token, over: 0 } => {
+                let token = e.value(number(token));
+                self.sets.push(format!(
+                    "{COMPACTION_CLAIM} = if_not_exists({COMPACTION_CLAIM}, {token})"
+                ));
+            }
+            Change::ClaimCompaction { token, .. } => {
+                let token = e.value(number(token));
+                self.sets.push(format!("{COMPACTION_CLAIM} = {token}"));
+            }
+            Change::EndCompactionClaim => {
+                self.removes.insert(COMPACTION_CLAIM.to_string());
+            }
         }
     }
 

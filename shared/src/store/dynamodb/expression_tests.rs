@@ -167,7 +167,19 @@ fn every_split_write() -> Vec<(&'static str, Update)> {
         ..Compaction::DEFAULT
     };
     let later = now + 5_000;
-    let plan = pool.plan_compaction(config, later, 0).unwrap();
+    // A take that finds compaction due carries the claim.
+    let BorrowPlan::Take { mut update, .. } =
+        pool.plan_borrow(holder(2, 10_000), later, later, 100)
+    else {
+        panic!()
+    };
+    update
+        .changes
+        .push(pool.compaction_claim(config, later, 5).expect("due"));
+    let update = lowered(&pool, &update);
+    writes.push(("split: a take that claims compaction", update.clone()));
+    pool = pool.apply(&update).unwrap();
+    let plan = pool.plan_compaction(config, later).unwrap();
     writes.push(("split: compaction", plan.update.clone()));
     pool = pool.apply(&plan.update).unwrap();
     let ReturnPlan::Return(_, update) = pool.plan_return(holder(1, 10_000).digest, later) else {

@@ -29,6 +29,7 @@ use aws_sdk_dynamodb::types::{
     ReturnValuesOnConditionCheckFailure, WriteRequest,
 };
 use aws_sdk_dynamodb::Client;
+use futures_util::future::join_all;
 
 use super::{Created, Numbered, PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use crate::domain::{Change, CompactionPlan, Layout, Pool, Update};
@@ -352,37 +353,96 @@ impl PoolStore for DynamoDbStore {
         read: &Record,
         plan: &CompactionPlan,
     ) -> Result<Updated, StoreError> {
-        if !plan.slots.is_empty() && !self.put_segment(key, read.incarnation, plan).await? {
-            // Another compaction wrote it first.
-            return Ok(Updated::Lost(read.clone()));
+        // The segments side by side; the pool item's write then cools the
+        // entries of those that landed.
+        let puts = plan
+            .segments
+            .iter()
+            .filter(|segment| !segment.slots.is_empty())
+            .map(|segment| async move {
+                let landed = self.put_segment(key, read.incarnation, segment).await;
+                (segment.segment, landed)
+            });
+        let mut lost = Vec::new();
+        let mut failed = None;
+        for (segment, landed) in join_all(puts).await {
+            match landed {
+                Ok(true) => {}
+                // Another compaction wrote it first.
+                Ok(false) => lost.push(segment),
+                Err(err) => {
+                    lost.push(segment);
+                    failed.get_or_insert(err);
+                }
+            }
         }
-        let mut expr = Expression::of(read.incarnation, &plan.update, true);
+        let Some(update) = plan.without(&lost) else {
+            return match failed {
+                Some(err) => Err(err),
+                None => Ok(Updated::Lost(read.clone())),
+            };
+        };
+        let written: Vec<u16> = plan
+            .segments
+            .iter()
+            .map(|s| s.segment)
+            .filter(|s| !lost.contains(s))
+            .collect();
+        let mut expr = Expression::of(read.incarnation, &update, true);
         self.touch(&mut expr);
-        let written = self.update_item(pool_key(key), expr).await;
-        if written.is_err() {
-            // Landed or not: its segment may be ahead of the pool item.
+        let written_item = self.update_item(pool_key(key), expr).await;
+        if written_item.is_err() {
+            // Landed or not: its segments may be ahead of the pool item.
             self.segments.doubt(key, read.incarnation);
         }
-        Ok(match written? {
+        Ok(match written_item? {
             Written::Now(item) => {
-                // The read's cold slots stand, with this segment as written,
-                // if no other segment was compacted meanwhile.
+                // The read's cold slots stand, with these segments as
+                // written, if no other segment was compacted meanwhile.
                 let mut expected = match read.pool.layout() {
                     Layout::Split(split) => split.versions().clone(),
                     Layout::Flat => Default::default(),
                 };
-                expected.insert(plan.segment, plan.version);
+                for segment in plan
+                    .segments
+                    .iter()
+                    .filter(|s| written.contains(&s.segment))
+                {
+                    expected.insert(segment.segment, segment.version);
+                }
                 if codec::segment_versions(&item)? == expected {
-                    Updated::Written(codec::decode_split(&item, &cold_after(read, plan))?)
+                    Updated::Written(codec::decode_split(
+                        &item,
+                        &cold_after(read, plan, &written, &update),
+                    )?)
                 } else {
                     Updated::Written(self.record_of(key, &item, None).await?)
                 }
             }
-            // The caller only learns it did not land. Its segment may
-            // have: then it is ahead of the pool item, for a read to find.
-            Written::Lost(Some(_)) => {
+            // Its segments that landed are ahead of the pool item, for a
+            // read to find. When no other compaction moved a version, the
+            // item as the loss showed it, with the read's cold slots and
+            // those segments written (the caller may write the pool item
+            // again over them: `CompactionPlan::again_on`); else the read.
+            Written::Lost(Some(item)) => {
                 self.segments.doubt(key, read.incarnation);
-                Updated::Lost(read.clone())
+                let unmoved = match read.pool.layout() {
+                    Layout::Split(split) => codec::segment_versions(&item)? == *split.versions(),
+                    Layout::Flat => false,
+                };
+                if unmoved && segments::incarnation_of(&item) == Some(read.incarnation) {
+                    let mut cold = segments::cold_of(read);
+                    for segment in plan
+                        .segments
+                        .iter()
+                        .filter(|s| written.contains(&s.segment))
+                    {
+                        cold.stored.insert(segment.segment, segment.version);
+                    }
+                    Updated::Lost(codec::decode_split(&item, &cold)?)
+                } else {
+                    Updated::Lost(read.clone())
+                }
             }
             Written::Lost(None) => Updated::Gone,
         })

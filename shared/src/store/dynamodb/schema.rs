@@ -33,6 +33,7 @@
 //! | `h`  | M | hot slots: position → the holder (B), or `0` when free |
 //! | `t`  | M | their stamps: position → stamp, as in `g` |
 //! | `k`  | M | segment → the version its cold slots are read from (absent: never compacted, all free) |
+//! | `o`  | N | the compaction claim, while one is under way: its end (Unix ms) × 2¹⁰ + its writer's nonce. Set by the write that found compaction due (no condition), removed by the compaction's own write |
 //!
 //! Segment items (split pools), one per 64 positions, written only by
 //! compaction: sort key `00` ‖ incarnation (8 bytes) ‖ segment (2 bytes);
@@ -106,6 +107,8 @@ pub mod pool_item {
     pub const HOT_STAMPS: &str = "t";
     /// A split pool's segment versions: segment → version.
     pub const SEGMENTS: &str = "k";
+    /// A split pool's compaction claim (see `Pool::compaction_claim`).
+    pub const COMPACTION_CLAIM: &str = "o";
     pub const QUEUE: &str = "q";
     pub const GIVE_UP: &str = "w";
     pub const GIVEN_UP: &str = "x";

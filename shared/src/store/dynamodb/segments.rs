@@ -19,7 +19,7 @@ use super::codec::{
 use super::schema::segment_item::{SLOTS, STAMPS, VERSION};
 use super::schema::{segment_sort_key, PK, POOL_ITEM, SK};
 use super::{pool_key, store_error, DynamoDbStore};
-use crate::domain::{CompactionPlan, Layout, Slot, SEGMENT_SLOTS};
+use crate::domain::{Change, CompactionPlan, Layout, SegmentWrite, Slot, Update, SEGMENT_SLOTS};
 use crate::keys::PoolKey;
 use crate::store::{Record, StoreError, StoreErrorKind};
 
@@ -34,7 +34,7 @@ fn segment_key(key: &PoolKey, incarnation: u64, segment: u16) -> Item {
 }
 
 /// The segment item a compaction writes.
-fn encode_segment(key: &PoolKey, incarnation: u64, plan: &CompactionPlan) -> Item {
+fn encode_segment(key: &PoolKey, incarnation: u64, plan: &SegmentWrite) -> Item {
     let (slots, stamps): (Vec<AttributeValue>, Vec<AttributeValue>) =
         plan.slots.iter().map(slot_values).unzip();
     let mut item = segment_key(key, incarnation, plan.segment);
@@ -268,7 +268,7 @@ impl DynamoDbStore {
         &self,
         key: &PoolKey,
         incarnation: u64,
-        plan: &CompactionPlan,
+        plan: &SegmentWrite,
     ) -> Result<bool, StoreError> {
         let mut put = self
             .client
@@ -345,23 +345,42 @@ pub(super) fn cold_of(read: &Record) -> Cold {
     }
 }
 
-/// `read`'s cold slots after `plan` wrote its segment (a catch-up writes
-/// none: the segment's cold slots are as read).
-pub(super) fn cold_after(read: &Record, plan: &CompactionPlan) -> Cold {
+/// `read`'s cold slots after `plan` wrote the segments `written` (a
+/// catch-up writes none: the segment's cold slots are as read) and the pool
+/// item write `update` (of `plan`) landed: each entry it cooled is cold as
+/// read (its write was conditioned on that).
+pub(super) fn cold_after(
+    read: &Record,
+    plan: &CompactionPlan,
+    written: &[u16],
+    update: &Update,
+) -> Cold {
     let mut cold = cold_of(read);
-    if plan.slots.is_empty() {
-        cold.stored.insert(plan.segment, plan.version);
-        return cold;
+    for segment in plan
+        .segments
+        .iter()
+        .filter(|s| written.contains(&s.segment))
+    {
+        if !segment.slots.is_empty() {
+            cold.held
+                .retain(|p, _| crate::domain::segment_of(*p) != segment.segment);
+            cold.held.extend(held_of(segment));
+        }
+        cold.stored.insert(segment.segment, segment.version);
     }
-    cold.held
-        .retain(|p, _| crate::domain::segment_of(*p) != plan.segment);
-    cold.held.extend(held_of(plan));
-    cold.stored.insert(plan.segment, plan.version);
+    for change in &update.changes {
+        if let Change::Cool(position) = *change {
+            match read.pool.slots().get(usize::from(position)) {
+                Some(slot @ Slot::Held { .. }) => cold.held.insert(position, *slot),
+                _ => cold.held.remove(&position),
+            };
+        }
+    }
     cold
 }
 
 /// The held slots of the segment `plan` writes, by position.
-fn held_of(plan: &CompactionPlan) -> impl Iterator<Item = (u16, Slot)> + '_ {
+fn held_of(plan: &SegmentWrite) -> impl Iterator<Item = (u16, Slot)> + '_ {
     let base = plan.segment * SEGMENT_SLOTS;
     plan.slots
         .iter()
