@@ -28,7 +28,7 @@ pub const FLAT_MAX: u16 = 48;
 /// Slots per segment item: fully held, about 1.3 KB.
 pub const SEGMENT_SLOTS: u16 = 64;
 
-/// At most this many segments in one compaction, and about this many hot
+/// At most this many segments in one compaction, and at most this many hot
 /// entries moved (the pool item's write conditions on each): hot entries
 /// scatter over every segment when all slots churn, and one segment a
 /// compaction, with a pool item write each, could not keep up.
@@ -522,7 +522,8 @@ impl Pool {
     /// lease younger than `cold_after_ms` up to `hot_max`, for the takes of
     /// borrowers that cycle), which would be written again at once. The
     /// segments with the most such entries first, up to
-    /// [`COMPACTION_SEGMENTS`] of them: one pool item write cools them all.
+    /// [`COMPACTION_SEGMENTS`] of them and 64 entries in all (a segment
+    /// holds at most 64): one pool item write cools them all.
     pub fn plan_compaction(&self, config: Compaction, now_ms: u64) -> Option<CompactionPlan> {
         let Layout::Split(split) = &self.layout else {
             return None;
@@ -578,7 +579,9 @@ impl Pool {
         let mut segments = Vec::new();
         let mut moved_in_all = 0;
         for (segment, moved) in ranked.into_iter().take(COMPACTION_SEGMENTS) {
-            if moved_in_all >= COMPACTION_ENTRIES {
+            // Within the bound of entries (a segment's own, at most 64,
+            // when it is the first).
+            if moved_in_all > 0 && moved_in_all + moved.len() > COMPACTION_ENTRIES {
                 break;
             }
             let recorded = split.version(segment);

@@ -352,6 +352,9 @@ impl Harness<'_> {
                 Ok(Updated::Lost(lost)) => lost,
                 _ => return record,
             };
+            if lost.incarnation != record.incarnation {
+                return lost;
+            }
             if lost == record {
                 // The read as it was (a segment written by another
                 // compaction, or a version moved): planned again on a

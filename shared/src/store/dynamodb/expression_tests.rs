@@ -408,3 +408,38 @@ fn a_take_past_many_waiters_stays_within_dynamodbs_expression_limit() {
     // 100 tickets, 16 served a write: six serves, then the take.
     assert_eq!(writes, 7);
 }
+
+/// The largest compaction (8 segments, 64 live entries, each conditioned on
+/// its stamp) stays within DynamoDB's 4 KB per expression.
+#[test]
+fn the_largest_compaction_fits_dynamodbs_expression_limits() {
+    use crate::domain::{Compaction, Layout, Split, COMPACTION_SEGMENTS};
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut pool = Pool::new(1_000, NOW * 1000);
+    for n in 0..1_000u16 {
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n, 600_000), NOW, NOW, 1000)
+        else {
+            panic!("slot {n}")
+        };
+        pool = pool.apply(&pool.lower(&update).0).unwrap();
+    }
+    // 8 entries hot in each of the 16 segments: the plan takes 8 segments.
+    let hot: BTreeSet<u16> = (0..16u16)
+        .flat_map(|segment| (0..8).map(move |i| segment * 64 + 56 + i))
+        .filter(|p| *p < 1_000)
+        .collect();
+    let pool = pool.with_layout(Layout::Split(Box::new(Split::new(
+        hot,
+        BTreeMap::new(),
+        BTreeMap::new(),
+    ))));
+    let config = Compaction {
+        hot_max: 0,
+        ..Compaction::DEFAULT
+    };
+    let plan = pool.plan_compaction(config, NOW + 10_000).unwrap();
+    assert_eq!(plan.segments.len(), COMPACTION_SEGMENTS);
+    let e = Expression::of(u64::MAX, &plan.update, true);
+    assert!(e.condition.len() < 4096, "{}", e.condition.len());
+    assert!(e.update.len() < 4096, "{}", e.update.len());
+}
