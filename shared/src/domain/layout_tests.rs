@@ -1,7 +1,7 @@
 //! Tests of `layout.rs`.
 
 use super::super::test_support::*;
-use super::super::{BorrowPlan, ReturnPlan};
+use super::super::{BorrowPlan, CompactionPlan, ReturnPlan};
 use super::*;
 
 const NOW: u64 = 1_000_000;

@@ -25,6 +25,7 @@
 
 mod admission;
 mod borrow;
+mod compaction;
 mod layout;
 mod pieces;
 mod pool;
@@ -45,10 +46,8 @@ mod test_support;
 
 pub use admission::{GAP_MS, MAX_ADMITS, MAX_LISTED};
 pub use borrow::BorrowPlan;
-pub use layout::{
-    segment_of, Compaction, CompactionPlan, Layout, SegmentWrite, Split, COMPACTION_SEGMENTS,
-    FLAT_MAX, SEGMENT_SLOTS,
-};
+pub use compaction::{Compaction, CompactionPlan, SegmentWrite, COMPACTION_SEGMENTS};
+pub use layout::{segment_of, Layout, Split, FLAT_MAX, SEGMENT_SLOTS};
 pub use pieces::MAX_PRUNE;
 pub use pool::{Pool, MAX_COUNT};
 pub use return_lease::{ReturnPlan, GIVEN_UP_MS, MAX_GIVEN_UP};
