@@ -195,6 +195,40 @@ impl CompactionPlan {
 }
 
 impl Pool {
+    /// [`Pool::compaction_claim`] for the write `update` (as the pool item
+    /// checks it) planned on this pool: on the pool it leaves. A write that
+    /// cannot take the hot entries past `hot_max` (each slot it writes adds
+    /// at most one) needs no copy of the pool to tell: none is made.
+    pub fn compaction_claim_after(
+        &self,
+        update: &Update,
+        config: Compaction,
+        now_ms: u64,
+        nonce: u64,
+    ) -> Option<Change> {
+        let Layout::Split(split) = &self.layout else {
+            return None;
+        };
+        let written = update
+            .changes
+            .iter()
+            .filter(|c| {
+                matches!(
+                    c,
+                    Change::Take { .. } | Change::HandOff { .. } | Change::Free(_)
+                )
+            })
+            .count();
+        if split.hot.len() + written <= config.hot_max {
+            return None;
+        }
+        let after = self.apply(update).ok();
+        after
+            .as_ref()
+            .unwrap_or(self)
+            .compaction_claim(config, now_ms, nonce)
+    }
+
     /// The change that claims this pool's compaction, for the write that
     /// leaves this pool (as planned, at `now_ms`) to carry (no request of
     /// its own, no condition: it collides with nothing): when compaction is

@@ -79,8 +79,21 @@ fn a_write_that_finds_compaction_due_claims_it_and_only_its_claimer_compacts() {
         ..Compaction::DEFAULT
     };
     let pool = held_pool(200, &(0..16).collect::<Vec<u8>>(), NOW - 10_000);
-    // At the bound: not due.
+    // At the bound: not due; a take that passes it leaves it due.
     assert_eq!(pool.compaction_claim(config, NOW, 1), None);
+    let BorrowPlan::Take { update, .. } = pool.plan_borrow(h(99, 60_000), NOW, NOW, 100) else {
+        panic!()
+    };
+    let take = pool.lower(&update).0;
+    assert!(matches!(
+        pool.compaction_claim_after(&take, config, NOW, 1),
+        Some(Change::ClaimCompaction { over: 0, .. })
+    ));
+    let below = Compaction {
+        hot_max: 17,
+        ..config
+    };
+    assert_eq!(pool.compaction_claim_after(&take, below, NOW, 1), None);
     let pool = held_pool(200, &(0..17).collect::<Vec<u8>>(), NOW - 10_000);
     let Some(Change::ClaimCompaction { token: a, over: 0 }) = pool.compaction_claim(config, NOW, 1)
     else {

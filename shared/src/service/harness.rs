@@ -198,19 +198,14 @@ impl Harness<'_> {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         let (mut lowered, unchecked) = read.pool.lower(update);
-        // Compaction due once this write lands (on the pool as read), and
-        // unclaimed as read: this write claims it.
-        let claim = match read.pool.layout() {
-            Layout::Split(_) => {
-                let after = read.pool.apply(&lowered).ok();
-                after.as_ref().unwrap_or(&read.pool).compaction_claim(
-                    self.timing.compaction,
-                    now_ms(),
-                    (semaphore_wire::unit() * f64::from(u32::MAX)) as u64,
-                )
-            }
-            Layout::Flat => None,
-        };
+        // Compaction due once this write lands, and unclaimed as read:
+        // this write claims it.
+        let claim = read.pool.compaction_claim_after(
+            &lowered,
+            self.timing.compaction,
+            now_ms(),
+            (semaphore_wire::unit() * f64::from(u32::MAX)) as u64,
+        );
         lowered.changes.extend(claim);
         let result = self.call(self.store.update(key, read, &lowered)).await;
         let result = match (result, unchecked) {
