@@ -40,8 +40,9 @@ pub enum Expect {
     NoBacklog,
     /// The first number not yet admitted is this.
     Admitted(u64),
-    /// This async ticket is listed with this number.
-    ListedIs(LeaseDigest, u64),
+    /// This async ticket is listed with this number, or not at all (another
+    /// unlisting of it landed first: removing it again changes nothing).
+    ListedIsOrNot(LeaseDigest, u64),
     /// No backlog and no async ticket listed.
     Settled,
     /// A split pool's position has no hot entry, and its segment the version
@@ -268,7 +269,9 @@ impl Pool {
             Expect::GivenUpAtMost(n) => self.given_up.len() <= n,
             Expect::NoBacklog => !self.line.has_backlog(),
             Expect::Admitted(admitted) => self.line.admitted == admitted,
-            Expect::ListedIs(digest, number) => self.listed_number(digest) == Some(number),
+            Expect::ListedIsOrNot(digest, number) => self
+                .listed_number(digest)
+                .is_none_or(|listed| listed == number),
             Expect::Settled => self.line.is_settled(),
             Expect::Cold { .. } | Expect::SegmentVersion { .. } | Expect::FlatAsRead { .. } => {
                 self.holds_layout(expect).unwrap_or(false)

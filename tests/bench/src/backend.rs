@@ -261,7 +261,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::GivenUpAtMost(_) => "lost: GivenUpAtMost",
         Expect::NoBacklog => "lost: NoBacklog",
         Expect::Admitted(_) => "lost: Admitted",
-        Expect::ListedIs(..) => "lost: ListedIs",
+        Expect::ListedIsOrNot(..) => "lost: ListedIsOrNot",
         Expect::Settled => "lost: Settled",
         Expect::Cold { .. } => "lost: Cold",
         Expect::SegmentVersion { .. } => "lost: SegmentVersion",

@@ -109,8 +109,14 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
         Expect::Admitted(admitted) => {
             format!("{ADMITTED} = {}", e.value(number(admitted)))
         }
-        Expect::ListedIs(digest, n) => {
-            format!("{} = {}", e.listed(digest), e.value(number(n)))
+        // `y` exists once a ticket was numbered, and is never removed: the
+        // removal of a key it no longer has changes nothing.
+        Expect::ListedIsOrNot(digest, n) => {
+            let listed = e.listed(digest);
+            format!(
+                "(attribute_not_exists({listed}) OR {listed} = {})",
+                e.value(number(n))
+            )
         }
         Expect::Cold { position, version } => {
             let hot = e.key(HOT, "p", position);
