@@ -19,6 +19,7 @@ mod events;
 mod fair_and_fenced;
 mod giving_up;
 mod idle_pools;
+mod instants;
 mod item_growth;
 mod randomized;
 mod reliability;

@@ -197,7 +197,9 @@ impl Pool {
     /// write leaves ([`Pool::duplicate_of`]).
     pub fn lower(&self, update: &Update) -> (Update, Option<Holder>) {
         let Layout::Split(split) = &self.layout else {
-            return (update.clone(), None);
+            let mut lowered = update.clone();
+            lowered.expect.extend(self.lower_positions_held(update));
+            return (lowered, None);
         };
         let mut unchecked = None;
         let mut lowered = Update {

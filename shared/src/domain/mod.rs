@@ -27,6 +27,7 @@ mod admission;
 mod borrow;
 mod compaction;
 mod layout;
+mod lowest;
 mod pieces;
 mod pool;
 mod resize;

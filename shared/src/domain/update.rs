@@ -11,6 +11,10 @@ pub enum Expect {
     SlotsLen(usize),
     /// This position is free.
     SlotFree(u16),
+    /// This position is held by a lease (perhaps one past its expiry): no
+    /// write freed it since it was read so. A grant expects it of each
+    /// position below its own (see `lowest.rs`).
+    SlotHeld(u16),
     /// This position holds the grant with this stamp (stamps are unique per
     /// grant, so this names exactly one lease).
     SlotStamp { position: u16, stamp: Stamp },
@@ -246,6 +250,10 @@ impl Pool {
             Expect::SlotFree(position) => {
                 self.slots.get(usize::from(position)) == Some(&Slot::Free)
             }
+            Expect::SlotHeld(position) => matches!(
+                self.slots.get(usize::from(position)),
+                Some(Slot::Held { .. })
+            ),
             Expect::SlotStamp { position, stamp } => matches!(
                 self.slots.get(usize::from(position)),
                 Some(Slot::Held { stamp: s, .. }) if *s == stamp

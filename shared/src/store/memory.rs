@@ -145,7 +145,10 @@ fn as_stored(read: &Record, current: &Pool, update: &Update) -> Option<Update> {
     for expect in &update.expect {
         if matches!(
             expect,
-            Expect::SlotFree(_) | Expect::SlotStamp { .. } | Expect::SlotsLen(_)
+            Expect::SlotFree(_)
+                | Expect::SlotHeld(_)
+                | Expect::SlotStamp { .. }
+                | Expect::SlotsLen(_)
         ) {
             return None;
         }

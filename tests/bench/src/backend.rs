@@ -248,6 +248,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::Count(_) => "lost: Count",
         Expect::SlotsLen(_) => "lost: SlotsLen",
         Expect::SlotFree(_) => "lost: SlotFree",
+        Expect::SlotHeld(_) => "lost: SlotHeld",
         Expect::SlotStamp { .. } => "lost: SlotStamp",
         Expect::QueueLen(_) => "lost: QueueLen",
         Expect::QueueBelow(_) => "lost: QueueBelow",

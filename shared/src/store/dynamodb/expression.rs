@@ -62,6 +62,10 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
             let slot = e.slot(position);
             format!("{slot} = {}", e.zero())
         }
+        Expect::SlotHeld(position) => {
+            let slot = e.slot(position);
+            format!("{slot} <> {}", e.zero())
+        }
         Expect::SlotStamp { position, stamp } if e.split => {
             let path = e.key(HOT_STAMPS, "p", position);
             format!("{path} = {}", e.value(stamp_value(stamp)))

@@ -71,6 +71,8 @@ fn every_write() -> Vec<(&'static str, Update)> {
     let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(2, 10_000), now, now, 100) else {
         panic!()
     };
+    // As the store sends it: the slot below is expected still held.
+    writes.push(("take above a held slot", pool.lower(&update).0));
     pool = pool.apply(&update).unwrap();
     let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 10_000).digest, now) else {
         panic!()
@@ -85,7 +87,7 @@ fn every_write() -> Vec<(&'static str, Update)> {
     let ReturnPlan::Return(_, update) = pool.plan_return(holder(2, 10_000).digest, now) else {
         panic!()
     };
-    writes.push(("return, handing off", update.clone()));
+    writes.push(("return, handing off", pool.lower(&update).0));
     let ReturnPlan::Cancel(update) = pool.plan_return(holder(3, 30_000).digest, now) else {
         panic!()
     };
