@@ -1,5 +1,8 @@
-//! Every answer is of one instant: a borrow lands on the lowest free
-//! position at the instant it is granted, not only as it read the pool.
+//! Every answer is of one instant, and every effect happens once: a PUT
+//! whose landed write the service did not learn of is not applied again
+//! after a later PUT, never answers the pool of a later instant, and a
+//! borrow lands on the lowest free position at the instant it is granted,
+//! not only as it read the pool.
 //! Each test makes the race happen at a set point, through a store that
 //! runs another client's call around one write.
 
@@ -22,6 +25,10 @@ type Between =
 enum When {
     /// Before the write reaches the store: it lands first.
     Before,
+    /// After the write landed, whose caller is then told its condition
+    /// failed, with the item as it is now (the SDK's retry of a write that
+    /// had landed, its condition failed on what the third writer changed).
+    AfterThenLost,
 }
 
 struct Racing {
@@ -60,6 +67,13 @@ impl Around for Racing {
                 between().await;
                 self.inner.update(key, read, update).await
             }
+            When::AfterThenLost => {
+                let landed = self.inner.update(key, read, update).await?;
+                assert!(matches!(landed, Updated::Written(_)), "the write must land");
+                between().await;
+                let now = self.inner.load(key).await?.expect("the pool");
+                Ok(Updated::Lost(now))
+            }
         }
     }
 }
@@ -80,6 +94,13 @@ fn racing(
     ApiClient::new(Arc::new(Forward(store)), Limits::default())
 }
 
+fn sets_count(update: &Update) -> bool {
+    update
+        .changes
+        .iter()
+        .any(|c| matches!(c, Change::SetCount(_)))
+}
+
 fn takes_position_2(update: &Update) -> bool {
     update
         .changes
@@ -88,9 +109,71 @@ fn takes_position_2(update: &Update) -> bool {
 }
 
 on_both_stores!(
+    a_put_whose_landed_write_was_retried_is_not_applied_again,
+    a_put_never_answers_the_pool_of_a_later_instant,
     a_take_lands_on_the_lowest_position_free_when_it_lands,
     a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile,
 );
+
+/// `PUT 2` lands, `PUT 7` lands after it, and the service is told that its
+/// write lost (the SDK retried it; the retry's condition failed on the
+/// count 7). The PUT must not set 2 again: that would apply it twice, after
+/// the PUT of 7. Its answer is a 502 (it took effect; the pool as it landed
+/// is not known), and 7 stays.
+async fn a_put_whose_landed_write_was_retried_is_not_applied_again(backend: Backend) {
+    let inner = backend.store().await;
+    let id = pool_id();
+    let plain = Arc::new(ApiClient::new(inner.clone(), Limits::default()));
+    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let other = {
+        let (plain, id) = (plain.clone(), id.clone());
+        Box::new(move || {
+            Box::pin(async move {
+                let (status, body) = plain.register(&id, 7).await;
+                assert_eq!((status, body["count"].as_u64()), (200, Some(7)), "{body}");
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        }) as Between
+    };
+    let api = racing(&inner, sets_count, When::AfterThenLost, other);
+    let (status, body) = api.register(&id, 2).await;
+    assert_eq!(
+        status, 502,
+        "its resize landed; the pool as it landed is unknown: {body}"
+    );
+    let (_, state) = plain.inspect(&id).await;
+    assert_eq!(state["count"], 7, "the PUT of 2 took effect twice: {state}");
+}
+
+/// `PUT 2` lands on a pool with no lease; a borrow lands after it; the
+/// service is told its write lost, with the item that shows both. An
+/// answer of `in_use` 1 would be of the borrow's instant, not the PUT's.
+async fn a_put_never_answers_the_pool_of_a_later_instant(backend: Backend) {
+    let inner = backend.store().await;
+    let id = pool_id();
+    let plain = Arc::new(ApiClient::new(inner.clone(), Limits::default()));
+    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let other = {
+        let (plain, id) = (plain.clone(), id.clone());
+        Box::new(move || {
+            Box::pin(async move {
+                let (status, body) = plain.borrow(&id, 3600.0, 0.0).await;
+                assert_eq!(status, 200, "{body}");
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        }) as Between
+    };
+    let api = racing(&inner, sets_count, When::AfterThenLost, other);
+    let (status, body) = api.register(&id, 2).await;
+    match status {
+        200 => assert_eq!(body["in_use"], 0, "the pool of a later instant: {body}"),
+        _ => assert_eq!(status, 502, "{body}"),
+    }
+    let (_, state) = plain.inspect(&id).await;
+    assert_eq!(
+        (state["count"].as_u64(), state["in_use"].as_u64()),
+        (Some(2), Some(1)),
+        "{state}"
+    );
+}
 
 /// Slots 0 and 1 are held; a borrow reads the pool and plans to take slot
 /// 2; slot 0 is returned before its write lands. The take must fail, and

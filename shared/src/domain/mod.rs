@@ -51,6 +51,7 @@ pub use compaction::{Compaction, CompactionPlan, SegmentWrite, COMPACTION_SEGMEN
 pub use layout::{segment_of, Layout, Split, FLAT_MAX, SEGMENT_SLOTS};
 pub use pieces::MAX_PRUNE;
 pub use pool::{Pool, MAX_COUNT};
+pub use resize::{ResizeSeen, RESIZE_NONCE_BITS};
 pub use return_lease::{ReturnPlan, GIVEN_UP_MS, MAX_GIVEN_UP};
 pub use ticket::{Callback, DeliveryClaim, TicketGrant, TicketItem, TicketState, OUTCOME_GRACE_MS};
 pub use ticket_step::TicketStep;

@@ -2,6 +2,26 @@
 
 use super::{Change, Expect, Pool, Sizing, Slot, Update, MAX_PRUNE};
 
+/// The low bits of a resize number that name the request that set it; the
+/// bits above count resizes.
+pub const RESIZE_NONCE_BITS: u32 = 20;
+
+/// What a pool read after a resize write of unknown outcome says of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResizeSeen {
+    /// No resize landed since the read it was planned on, or another one
+    /// landed in its place (it was conditioned on the count as read, so it
+    /// cannot land after that one): it did not land, and may be planned again.
+    NotLanded,
+    /// It landed and is the last resize. Its count is in force, but the
+    /// pool as it landed is not known: the item may show later writes.
+    Landed,
+    /// More than one resize landed since the read: it may have landed before
+    /// the others, or not at all. Writing it again could apply its count a
+    /// second time, after a later request's.
+    Unknown,
+}
+
 impl Pool {
     /// Removes free slots from the end of the list past `count` (up to
     /// [`MAX_PRUNE`]), each conditioned on being free, and the count as read.
@@ -33,6 +53,15 @@ impl Pool {
     /// Waiters see a raise on their next read and hand its slots to the head.
     /// `None` when nothing needs writing.
     pub fn plan_resize(&self, count: u16, now_ms: u64) -> Option<Update> {
+        self.plan_resize_as(count, now_ms, 0)
+    }
+
+    /// [`Pool::plan_resize`] by the request that drew `nonce` (below
+    /// 2^[`RESIZE_NONCE_BITS`]): the resize number it sets is the next
+    /// sequence number with `nonce` in its low bits, so that a request whose
+    /// write's outcome it never learned can tell its own resize in the item
+    /// ([`Pool::resize_seen`]) and never applies its count a second time.
+    pub fn plan_resize_as(&self, count: u16, now_ms: u64, nonce: u32) -> Option<Update> {
         let len = self.slots.len();
         let mut update = self.prune_given_up(now_ms, None);
         if self.count != count {
@@ -40,7 +69,7 @@ impl Pool {
             update.expect.push(Expect::Count(self.sizing()));
             update.changes.push(Change::SetCount(Sizing {
                 count,
-                resizes: self.resizes + 1,
+                resizes: self.next_resize(nonce),
             }));
         }
         if usize::from(count) > len {
@@ -59,6 +88,31 @@ impl Pool {
             }
         }
         (!update.changes.is_empty()).then_some(update)
+    }
+}
+
+impl Pool {
+    /// The resize number the next resize by the request of `nonce` sets.
+    fn next_resize(&self, nonce: u32) -> u64 {
+        let mask = (1u64 << RESIZE_NONCE_BITS) - 1;
+        ((self.resizes >> RESIZE_NONCE_BITS) + 1) << RESIZE_NONCE_BITS | (u64::from(nonce) & mask)
+    }
+
+    /// What `seen` (the pool read, or handed back by a lost write, after a
+    /// resize by the request of `nonce` planned on `self`) says of that
+    /// resize. A count set by no resize since `self` is `NotLanded` too.
+    pub fn resize_seen(&self, seen: &Pool, nonce: u32) -> ResizeSeen {
+        let ours = self.next_resize(nonce);
+        let sequence = |resizes: u64| resizes >> RESIZE_NONCE_BITS;
+        if seen.resizes == self.resizes {
+            ResizeSeen::NotLanded
+        } else if seen.resizes == ours {
+            ResizeSeen::Landed
+        } else if sequence(seen.resizes) == sequence(ours) {
+            ResizeSeen::NotLanded
+        } else {
+            ResizeSeen::Unknown
+        }
     }
 }
 
@@ -156,5 +210,46 @@ mod tests {
         };
         pool = pool.apply(&update).unwrap();
         assert_eq!(holder_at(&pool, 0), Some(d(9)));
+    }
+}
+
+#[cfg(test)]
+mod seen_tests {
+    use super::*;
+
+    fn resized(pool: &Pool, count: u16, nonce: u32) -> Pool {
+        pool.apply(&pool.plan_resize_as(count, 0, nonce).unwrap())
+            .unwrap()
+    }
+
+    #[test]
+    fn a_put_tells_its_own_resize_from_anothers() {
+        let read = Pool::new(1, 0);
+        let ours = resized(&read, 2, 7);
+        assert_eq!(read.resize_seen(&read, 7), ResizeSeen::NotLanded);
+        assert_eq!(read.resize_seen(&ours, 7), ResizeSeen::Landed);
+        // Another PUT's resize from the same read landed instead.
+        let theirs = resized(&read, 5, 9);
+        assert_eq!(read.resize_seen(&theirs, 7), ResizeSeen::NotLanded);
+        // Ours, then another after it; or another, then a third: either.
+        assert_eq!(
+            read.resize_seen(&resized(&ours, 7, 9), 7),
+            ResizeSeen::Unknown
+        );
+        assert_eq!(
+            read.resize_seen(&resized(&theirs, 7, 9), 7),
+            ResizeSeen::Unknown
+        );
+    }
+
+    #[test]
+    fn resize_numbers_rise_whatever_the_nonces() {
+        let mut pool = Pool::new(1, 0);
+        let mut last = pool.sizing().resizes;
+        for (count, nonce) in [(2, (1 << RESIZE_NONCE_BITS) - 1), (3, 0), (4, 5)] {
+            pool = resized(&pool, count, nonce);
+            assert!(pool.sizing().resizes > last);
+            last = pool.sizing().resizes;
+        }
     }
 }

@@ -177,9 +177,11 @@ impl Lease {
     }
 }
 
-/// A pool's `count` and how many resizes set it: every count condition
-/// names one resize, so a count set again to what it was (1 → 2 → 1) never
-/// lets a write planned before those resizes land.
+/// A pool's `count` and the number of the resize that set it: every count
+/// condition names one resize, so a count set again to what it was
+/// (1 → 2 → 1) never lets a write planned before those resizes land. The
+/// number grows with every resize, and its low bits name the request that
+/// made it (see [`Pool::resize_seen`](super::Pool::resize_seen)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Sizing {
     pub count: u16,

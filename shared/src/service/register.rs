@@ -3,11 +3,12 @@
 use std::time::Duration;
 
 use crate::clock::{now_ms, now_us};
-use crate::domain::{Pool, PoolState};
+use crate::domain::{Change, Pool, PoolState, ResizeSeen, RESIZE_NONCE_BITS};
 use crate::error::Error;
 use crate::keys::{PoolId, PoolKey};
-use crate::store::{Created, Record, Updated};
+use crate::store::{Created, Record, StoreError, StoreErrorKind, Updated};
 
+use super::harness::Harness;
 use super::{Budget, Service};
 
 impl Service {
@@ -33,7 +34,7 @@ impl Service {
         let mut fresh = Record::new(Pool::new(count, now_us()).split_above(split_above));
         let mut lost = 0u32;
         loop {
-            let mut current = match ctx.call(ctx.store.create(&key, &fresh)).await {
+            let current = match ctx.call(ctx.store.create(&key, &fresh)).await {
                 Ok(Created::Created(record)) => return Ok(record.pool.state(now_ms())),
                 Ok(Created::Exists(current)) => current,
                 // Unknown outcome: our create may have landed.
@@ -49,39 +50,91 @@ impl Service {
             };
             // Resize the pool that exists, deciding again from each record
             // a lost write hands back; start over if it is deleted.
-            loop {
-                let Some(update) = current.pool.plan_resize(count, now_ms()) else {
-                    return Ok(current.pool.state(now_ms()));
-                };
-                match ctx.write(&key, &current, &update).await {
-                    Ok(Updated::Written(record)) => {
-                        if record.pool.plan_resize(count, now_ms()).is_none() {
-                            return Ok(record.pool.state(now_ms()));
-                        }
-                        // More to trim than one write carries.
-                        current = record;
-                    }
-                    Ok(Updated::Lost(record)) if record.incarnation == current.incarnation => {
-                        if !ctx.lost(&mut lost).await? {
-                            current = record;
-                            continue;
-                        }
-                        // Read afresh; deleted meanwhile, a PUT creates it
-                        // again (never a 404: that is no answer to a PUT).
-                        match ctx.load(&key).await? {
-                            Some(now) if now.incarnation == current.incarnation => current = now,
-                            _ => break,
-                        }
-                    }
-                    Ok(Updated::Lost(_) | Updated::Gone) => break,
-                    Err(err) => match ctx.reload(&key, err).await? {
-                        Some(now) if now.incarnation == current.incarnation => current = now,
-                        _ => break,
-                    },
-                }
+            if let Some(state) = resize(&mut ctx, &key, current, count, &mut lost).await? {
+                return Ok(state);
             }
             ctx.lost(&mut lost).await?;
             fresh = Record::new(Pool::new(count, now_us()).split_above(split_above));
         }
     }
+}
+
+/// Sets the count of the pool read as `current` to `count`: the pool at the
+/// instant its count became `count` (or was seen to be it), or `None` when
+/// the pool was deleted meanwhile (the caller creates it again).
+///
+/// A PUT takes effect once. Its resize number names this request
+/// ([`Pool::plan_resize_as`]), so after a write whose outcome it did not
+/// learn (an error, or a lost condition that may be the SDK's retry of a
+/// write that landed) it tells from the item whether its resize landed,
+/// and never applies its count again after another PUT's. When it landed
+/// but the pool as it landed is unknown, the answer is a 502: the count is
+/// in force, and a retried PUT answers the pool as it then is.
+async fn resize(
+    ctx: &mut Harness<'_>,
+    key: &PoolKey,
+    mut current: Record,
+    count: u16,
+    lost: &mut u32,
+) -> Result<Option<PoolState>, Error> {
+    let nonce = fastrand::u32(..1 << RESIZE_NONCE_BITS);
+    // The pool at the instant its count became `count`: later writes that
+    // only trim free slots past it do not move that instant.
+    let mut answer: Option<PoolState> = None;
+    loop {
+        let now = now_ms();
+        let Some(update) = current.pool.plan_resize_as(count, now, nonce) else {
+            return Ok(Some(answer.unwrap_or_else(|| current.pool.state(now))));
+        };
+        let sets_count = update
+            .changes
+            .iter()
+            .any(|c| matches!(c, Change::SetCount(_)));
+        if !sets_count && answer.is_none() {
+            answer = Some(current.pool.state(now));
+        }
+        // The pool after the write, and whether it is a fresh read.
+        let (seen, fresh) = match ctx.write(key, &current, &update).await {
+            Ok(Updated::Written(record)) => {
+                if sets_count {
+                    answer = ctx.landed.take().or(Some(record.pool.state(now_ms())));
+                }
+                current = record;
+                continue;
+            }
+            Ok(Updated::Lost(record)) if record.incarnation == current.incarnation => {
+                (record, false)
+            }
+            Ok(Updated::Lost(_) | Updated::Gone) => return Ok(None),
+            Err(err) => match ctx.reload(key, err).await? {
+                Some(now) if now.incarnation == current.incarnation => (now, true),
+                _ => return Ok(None),
+            },
+        };
+        if sets_count {
+            match current.pool.resize_seen(&seen.pool, nonce) {
+                ResizeSeen::NotLanded => {}
+                ResizeSeen::Landed | ResizeSeen::Unknown => return Err(unconfirmed()),
+            }
+        }
+        current = if fresh || !ctx.lost(lost).await? {
+            seen
+        } else {
+            // Read afresh; deleted meanwhile, a PUT creates it again (never
+            // a 404: that is no answer to a PUT).
+            match ctx.load(key).await? {
+                Some(now) if now.incarnation == current.incarnation => now,
+                _ => return Ok(None),
+            }
+        };
+    }
+}
+
+/// A resize that may have landed, or did, at an instant whose pool is not
+/// known: a 502, retryable (a PUT again of the same count writes nothing).
+fn unconfirmed() -> Error {
+    Error::Store(StoreError::new(
+        StoreErrorKind::TimedOut,
+        "the database did not confirm the resize; it may have taken effect",
+    ))
 }

@@ -9,7 +9,7 @@
 //! | `pk` | B | first 16 bytes of SHA-256 of the pool UUID (partition key) |
 //! | `sk` | B | `00`: the pool item (sort key) |
 //! | `i`  | N | incarnation: random per creation; every update is conditioned on it |
-//! | `c`  | N | resizes × 10⁴ + count: a count condition names one resize |
+//! | `c`  | N | resize × 10⁴ + count: a count condition names one resize (its low 20 bits the request's) |
 //! | `b`  | N | creation time in µs: fences are `b` + a grant's relative fence |
 //! | `f`  | N | the next grant's relative fence × 10¹³ |
 //! | `s`  | L | slots by position: `0` (free) or the holder (B: digest 8 ‖ ttl ms) |
