@@ -202,6 +202,16 @@ impl FaultyStore {
         update: &Update,
     ) -> Result<Updated, StoreError> {
         match self.draw(true) {
+            // A resize is sent once (no SDK retry can lose it): its answer
+            // lost after it landed is an error, as a timeout would be.
+            Fault::RetryLost if update.sets_count() => {
+                self.inject_drawn(
+                    Fault::FailAfter,
+                    "update",
+                    self.inner.update(key, read, update),
+                )
+                .await
+            }
             Fault::RetryLost => match self.inner.update(key, read, update).await? {
                 Updated::Written(now) | Updated::Lost(now) => Ok(Updated::Lost(now)),
                 Updated::Gone => Ok(Updated::Gone),
@@ -282,7 +292,7 @@ impl PoolStore for FaultyStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use semaphore::domain::Pool;
+    use semaphore::domain::{BorrowPlan, Holder, LeaseDigest, Pool};
     use semaphore::store::MemoryStore;
 
     #[tokio::test]
@@ -307,12 +317,26 @@ mod tests {
             ..FaultPlan::none()
         };
         let store = FaultyStore::new(inner.clone(), plan, 1, counts.clone());
-        let resize = record.pool.plan_resize(3, 0).unwrap();
-        let Ok(Updated::Lost(now)) = store.update(&key, &record, &resize).await else {
+        let BorrowPlan::Take { update: take, .. } = record.pool.plan_borrow(
+            Holder {
+                digest: LeaseDigest([7; 8]),
+                ttl_ms: 60_000,
+            },
+            0,
+            0,
+            10,
+        ) else {
+            panic!("a free slot")
+        };
+        let Ok(Updated::Lost(now)) = store.update(&key, &record, &take).await else {
             panic!("a landed write reported lost")
         };
-        assert_eq!(now.pool.count(), 3);
-        assert_eq!(inner.load(&key).await.unwrap(), Some(now));
+        assert_eq!(now.pool.leases().len(), 1);
+        assert_eq!(inner.load(&key).await.unwrap(), Some(now.clone()));
+        // A resize is sent once: its lost answer is an error, after it landed.
+        let resize = now.pool.plan_resize(3, 0).unwrap();
+        assert!(store.update(&key, &now, &resize).await.is_err());
+        assert_eq!(inner.load(&key).await.unwrap().unwrap().pool.count(), 3);
         // Reads cannot lose a retry.
         assert!(store.load(&key).await.is_ok());
 

@@ -9,9 +9,10 @@
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use semaphore::domain::{Change, Update};
+use semaphore::domain::{Change, Compaction, CompactionPlan, Update};
 use semaphore::keys::PoolKey;
-use semaphore::store::{PoolStore, Record, StoreError, Updated};
+use semaphore::service::Timing;
+use semaphore::store::{PoolStore, Record, StoreError, StoreErrorKind, Updated};
 use semaphore::Limits;
 use semaphore_tests::forward::{Around, Forward};
 use semaphore_tests::harness::{pool_id, ApiClient, Backend};
@@ -25,10 +26,9 @@ type Between =
 enum When {
     /// Before the write reaches the store: it lands first.
     Before,
-    /// After the write landed, whose caller is then told its condition
-    /// failed, with the item as it is now (the SDK's retry of a write that
-    /// had landed, its condition failed on what the third writer changed).
-    AfterThenLost,
+    /// After the write landed, whose answer is then lost: its caller gets
+    /// an error (a timeout), and reads the item as the other call left it.
+    AfterThenError,
 }
 
 struct Racing {
@@ -67,12 +67,14 @@ impl Around for Racing {
                 between().await;
                 self.inner.update(key, read, update).await
             }
-            When::AfterThenLost => {
+            When::AfterThenError => {
                 let landed = self.inner.update(key, read, update).await?;
                 assert!(matches!(landed, Updated::Written(_)), "the write must land");
                 between().await;
-                let now = self.inner.load(key).await?.expect("the pool");
-                Ok(Updated::Lost(now))
+                Err(StoreError::new(
+                    StoreErrorKind::TimedOut,
+                    "the answer to a write that landed was lost",
+                ))
             }
         }
     }
@@ -111,15 +113,16 @@ fn takes_position_2(update: &Update) -> bool {
 on_both_stores!(
     a_put_whose_landed_write_was_retried_is_not_applied_again,
     a_put_never_answers_the_pool_of_a_later_instant,
+    a_put_that_lost_to_two_others_sets_its_count,
     a_take_lands_on_the_lowest_position_free_when_it_lands,
     a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile,
+    a_take_that_landed_is_granted_though_a_later_read_shows_its_slot_reused,
 );
 
-/// `PUT 2` lands, `PUT 7` lands after it, and the service is told that its
-/// write lost (the SDK retried it; the retry's condition failed on the
-/// count 7). The PUT must not set 2 again: that would apply it twice, after
-/// the PUT of 7. Its answer is a 502 (it took effect; the pool as it landed
-/// is not known), and 7 stays.
+/// `PUT 2` lands, `PUT 7` lands after it, and the answer to the first
+/// write is lost (a timeout). The PUT must not set 2 again: that would
+/// apply it twice, after the PUT of 7. Its answer is a 502 (it may have
+/// taken effect; the pool as it landed is not known), and 7 stays.
 async fn a_put_whose_landed_write_was_retried_is_not_applied_again(backend: Backend) {
     let inner = backend.store().await;
     let id = pool_id();
@@ -134,7 +137,7 @@ async fn a_put_whose_landed_write_was_retried_is_not_applied_again(backend: Back
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, sets_count, When::AfterThenLost, other);
+    let api = racing(&inner, sets_count, When::AfterThenError, other);
     let (status, body) = api.register(&id, 2).await;
     assert_eq!(
         status, 502,
@@ -145,8 +148,8 @@ async fn a_put_whose_landed_write_was_retried_is_not_applied_again(backend: Back
 }
 
 /// `PUT 2` lands on a pool with no lease; a borrow lands after it; the
-/// service is told its write lost, with the item that shows both. An
-/// answer of `in_use` 1 would be of the borrow's instant, not the PUT's.
+/// answer to the PUT's write is lost, and a read shows both. An answer of
+/// `in_use` 1 would be of the borrow's instant, not the PUT's.
 async fn a_put_never_answers_the_pool_of_a_later_instant(backend: Backend) {
     let inner = backend.store().await;
     let id = pool_id();
@@ -161,7 +164,7 @@ async fn a_put_never_answers_the_pool_of_a_later_instant(backend: Backend) {
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, sets_count, When::AfterThenLost, other);
+    let api = racing(&inner, sets_count, When::AfterThenError, other);
     let (status, body) = api.register(&id, 2).await;
     match status {
         200 => assert_eq!(body["in_use"], 0, "the pool of a later instant: {body}"),
@@ -173,6 +176,33 @@ async fn a_put_never_answers_the_pool_of_a_later_instant(backend: Backend) {
         (Some(2), Some(1)),
         "{state}"
     );
+}
+
+/// `PUT 7` and then `PUT 5` land between a `PUT 2`'s read and its write:
+/// its condition fails, which says that it did not land (a resize is sent
+/// once), so it plans again and sets 2, answered 200 with no fault in play
+/// (it answered 502, as if its write might have landed before the others).
+async fn a_put_that_lost_to_two_others_sets_its_count(backend: Backend) {
+    let inner = backend.store().await;
+    let id = pool_id();
+    let plain = Arc::new(ApiClient::new(inner.clone(), Limits::default()));
+    assert_eq!(plain.register(&id, 1).await.0, 200);
+    let others = {
+        let (plain, id) = (plain.clone(), id.clone());
+        Box::new(move || {
+            Box::pin(async move {
+                for count in [7, 5] {
+                    let (status, body) = plain.register(&id, count).await;
+                    assert_eq!((status, body["count"].as_u64()), (200, Some(count.into())));
+                }
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        }) as Between
+    };
+    let api = racing(&inner, sets_count, When::Before, others);
+    let (status, body) = api.register(&id, 2).await;
+    assert_eq!((status, body["count"].as_u64()), (200, Some(2)), "{body}");
+    let (_, state) = plain.inspect(&id).await;
+    assert_eq!(state["count"], 2, "{state}");
 }
 
 /// Slots 0 and 1 are held; a borrow reads the pool and plans to take slot
@@ -258,5 +288,97 @@ async fn a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(backend: Ba
     assert!(
         third["fence"].as_u64() > Some(other_fence),
         "granted after the other borrow: {third}"
+    );
+}
+
+/// Every pool split, and compaction due at every chance (as the randomized
+/// split tests run it).
+fn compacting() -> Timing {
+    Timing {
+        compaction: Compaction {
+            split_above: 0,
+            hot_max: 1,
+            cold_after_ms: 0,
+            claim_ms: 1_000,
+        },
+        ..Timing::default()
+    }
+}
+
+/// Runs `between` before the first compaction it is asked for goes on.
+struct BeforeCompaction {
+    inner: Arc<dyn PoolStore>,
+    between: Mutex<Option<Between>>,
+}
+
+#[async_trait]
+impl Around for BeforeCompaction {
+    fn inner(&self) -> &dyn PoolStore {
+        &*self.inner
+    }
+
+    async fn compact(
+        &self,
+        key: &PoolKey,
+        read: &Record,
+        plan: &CompactionPlan,
+    ) -> Result<Updated, StoreError> {
+        let between = self.between.lock().unwrap().take();
+        if let Some(between) = between {
+            between().await;
+        }
+        self.inner.compact(key, read, plan).await
+    }
+}
+
+/// A take of a short lease lands; the compaction its write made due runs
+/// after the lease has expired and its slot was taken by another borrow, so
+/// the pool after the compaction no longer shows it. The take was granted
+/// at the instant it landed: the answer is that grant, never a 409 (a 409
+/// would say no slot was granted while one was, and a slot free for the
+/// whole call refused).
+async fn a_take_that_landed_is_granted_though_a_later_read_shows_its_slot_reused(backend: Backend) {
+    let inner = backend.store().await;
+    let id = pool_id();
+    let plain = Arc::new(ApiClient::with_timing(
+        inner.clone(),
+        Limits::default(),
+        compacting(),
+    ));
+    assert_eq!(plain.register(&id, 2).await.0, 200);
+    let (status, first) = plain.borrow(&id, 3600.0, 0.0).await;
+    assert_eq!(
+        (status, first["position"].as_u64()),
+        (200, Some(0)),
+        "{first}"
+    );
+    let other = {
+        let (plain, id) = (plain.clone(), id.clone());
+        Box::new(move || {
+            Box::pin(async move {
+                // The short lease below ends; another borrow takes its slot.
+                tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+                let (status, body) = plain.borrow(&id, 3600.0, 0.0).await;
+                assert_eq!(
+                    (status, body["position"].as_u64()),
+                    (200, Some(1)),
+                    "{body}"
+                );
+            }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
+        }) as Between
+    };
+    let api = ApiClient::with_timing(
+        Arc::new(Forward(BeforeCompaction {
+            inner: inner.clone(),
+            between: Mutex::new(Some(other)),
+        })),
+        Limits::default(),
+        compacting(),
+    );
+    let (status, body) = api.borrow(&id, 0.05, 0.0).await;
+    assert_eq!(
+        (status, body["position"].as_u64()),
+        (200, Some(1)),
+        "its take landed: {body}"
     );
 }

@@ -198,6 +198,15 @@ impl Update {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConditionFailed(pub Expect);
 
+impl Update {
+    /// Whether it sets the count (a resize).
+    pub fn sets_count(&self) -> bool {
+        self.changes
+            .iter()
+            .any(|c| matches!(c, Change::SetCount(_)))
+    }
+}
+
 impl Pool {
     /// What an update means: the pool after it, or the first expectation that
     /// does not hold.

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use futures_util::future::{join, join_all};
 
 use crate::clock::now_ms;
-use crate::domain::{Change, Holder, Layout, LeaseDigest, PoolState, TicketGrant, Update};
+use crate::domain::{Change, Holder, Layout, LeaseDigest, TicketGrant, Update};
 use crate::error::Error;
 use crate::keys::PoolKey;
 use crate::store::{PoolStore, Record, StoreError, StoreErrorKind, TicketStore, Updated};
@@ -57,10 +57,11 @@ pub(super) struct Harness<'a> {
     pub(super) stats: &'a mut Stats,
     /// The queue's bound (limits): when a write makes admission due.
     pub(super) max_waiters: usize,
-    /// The pool as this request's last landed write left it, at the instant
+    /// The item as this request's last landed write left it, at the instant
     /// it landed: the record a write hands back may be later than that (a
-    /// compaction after it lands on what others wrote since).
-    pub(super) landed: Option<PoolState>,
+    /// compaction after it lands on what others wrote since). An answer
+    /// about that write is computed from this one.
+    pub(super) landed: Option<Record>,
 }
 
 /// What a request keeps, past its hook's work on its grants, for the calls
@@ -243,7 +244,7 @@ impl Harness<'_> {
         };
         let result = match result {
             Ok(Updated::Written(record)) => {
-                self.landed = Some(record.pool.state(now_ms()));
+                self.landed = Some(record.clone());
                 let token = match claim {
                     Some(Change::ClaimCompaction { token, .. }) => token,
                     _ => 0,

@@ -63,13 +63,15 @@ impl Service {
 /// instant its count became `count` (or was seen to be it), or `None` when
 /// the pool was deleted meanwhile (the caller creates it again).
 ///
-/// A PUT takes effect once. Its resize number names this request
-/// ([`Pool::plan_resize_as`]), so after a write whose outcome it did not
-/// learn (an error, or a lost condition that may be the SDK's retry of a
-/// write that landed) it tells from the item whether its resize landed,
-/// and never applies its count again after another PUT's. When it landed
-/// but the pool as it landed is unknown, the answer is a 502: the count is
-/// in force, and a retried PUT answers the pool as it then is.
+/// A PUT takes effect once. A store sends a resize once (DynamoDB's SDK
+/// does not retry it: a retry of a write that landed would fail its
+/// condition on that very write), so a lost condition means it did not
+/// land. After an error its outcome is unknown: its resize number names
+/// this request ([`Pool::plan_resize_as`]), so it tells from the item read
+/// again whether its resize landed, and never applies its count again
+/// after another PUT's. When it landed, or may have, but the pool as it
+/// landed is unknown, the answer is a 502: a retried PUT of the same count
+/// writes nothing and answers the pool as it then is.
 async fn resize(
     ctx: &mut Harness<'_>,
     key: &PoolKey,
@@ -97,7 +99,8 @@ async fn resize(
         let (seen, fresh) = match ctx.write(key, &current, &update).await {
             Ok(Updated::Written(record)) => {
                 if sets_count {
-                    answer = ctx.landed.take().or(Some(record.pool.state(now_ms())));
+                    let landed = ctx.landed.take().unwrap_or_else(|| record.clone());
+                    answer = Some(landed.pool.state(now_ms()));
                 }
                 current = record;
                 continue;
@@ -111,7 +114,7 @@ async fn resize(
                 _ => return Ok(None),
             },
         };
-        if sets_count {
+        if sets_count && fresh {
             match current.pool.resize_seen(&seen.pool, nonce) {
                 ResizeSeen::NotLanded => {}
                 ResizeSeen::Landed | ResizeSeen::Unknown => return Err(unconfirmed()),

@@ -203,12 +203,7 @@ impl Borrower<'_> {
                 record = write(ctx, &self.key, &record, &repair, &mut lost).await?;
                 continue;
             }
-            if let Some(lease) = record
-                .pool
-                .leases()
-                .into_iter()
-                .find(|l| l.digest == self.holder.digest && tried.contains(&l.granted_ms))
-            {
+            if let Some(lease) = self.own_take(&record, &tried) {
                 // Ours even if expired since (a take that landed late).
                 return Ok(Placed::Granted(lease, true));
             }
@@ -253,7 +248,17 @@ impl Borrower<'_> {
                     let landed;
                     (record, landed) =
                         write_landed(ctx, &self.key, &record, &update, &mut lost).await?;
-                    if landed && record.incarnation == incarnation && self.taken_back(&record) {
+                    // A take that landed is this request's grant, answered
+                    // as its own write left the pool: the record after it
+                    // may be of a later instant (a compaction lands on what
+                    // others wrote since), when a short lease may have
+                    // expired and its slot been taken again. Answering 409
+                    // then would deny a grant that was made.
+                    let own = ctx.landed.take().filter(|_| landed);
+                    if let Some(lease) = own.as_ref().and_then(|own| self.own_take(own, &tried)) {
+                        return Ok(Placed::Granted(lease, true));
+                    }
+                    if own.is_some() && self.taken_back(&record) {
                         return Err(Error::Exhausted);
                     }
                     // Lost unless the lease it wrote is there (checked above).
@@ -290,18 +295,26 @@ impl Borrower<'_> {
         }
     }
 
-    /// After a take of ours landed: whether `record` holds neither a lease
-    /// nor a ticket of our lease id (the record a write hands back may show
-    /// writes after it, see [`write_landed`]). A return of that id took the
-    /// lease back: the client gave the borrow up, so it answers 409 and
-    /// never takes or joins again (nothing stays held for a lease id
-    /// returned while its borrow ran). So does a lease whose ttl ran out and
-    /// whose slot was reused before this read (a ttl shorter than the
-    /// write's round trips): it ended unanswered, and its slot is free again.
+    /// After a take of ours landed whose own item does not show its lease
+    /// (a store that answers a write with a later item): whether `record`
+    /// holds neither a lease nor a ticket of our lease id. A return of that
+    /// id took the lease back: the client gave the borrow up, so it answers
+    /// 409 and never takes or joins again (nothing stays held for a lease
+    /// id returned while its borrow ran).
     fn taken_back(&self, record: &Record) -> bool {
         let digest = self.holder.digest;
         !record.pool.leases().iter().any(|l| l.digest == digest)
             && record.pool.ticket_of(digest).is_none()
+    }
+
+    /// The lease one of this request's takes (granted at one of the `tried`
+    /// times) wrote, if `record` holds it.
+    fn own_take(&self, record: &Record, tried: &[u64]) -> Option<Lease> {
+        record
+            .pool
+            .leases()
+            .into_iter()
+            .find(|l| l.digest == self.holder.digest && tried.contains(&l.granted_ms))
     }
 
     /// Waits in the queue until a slot is handed to `mine`, handing free

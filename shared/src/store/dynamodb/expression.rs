@@ -24,6 +24,11 @@ pub(super) struct Expression {
     pub(super) update: String,
     pub(super) names: HashMap<String, String>,
     pub(super) values: HashMap<String, AttributeValue>,
+    /// Send it once, without the SDK's retries: a resize, whose lost
+    /// condition must say that it did not land (a retry of a write that
+    /// landed would fail its condition on that write, and the PUT would
+    /// set its count a second time). A timeout is still an unknown outcome.
+    pub(super) once: bool,
 }
 
 impl Expression {
@@ -44,7 +49,9 @@ impl Expression {
         for change in &update.changes {
             clauses.add(&mut e, change);
         }
-        clauses.finish(e, inc, conditions, update.fences())
+        let mut expression = clauses.finish(e, inc, conditions, update.fences());
+        expression.once = update.sets_count();
+        expression
     }
 }
 
@@ -379,6 +386,7 @@ impl Clauses {
             update: clauses.join(" "),
             names: e.names,
             values: e.values,
+            once: false,
         }
     }
 }
@@ -412,6 +420,7 @@ impl Expression {
             update: format!("SET {} REMOVE {SLOTS}, {STAMPS}", sets.join(", ")),
             names: e.names,
             values: e.values,
+            once: false,
         }
     }
 }

@@ -255,9 +255,11 @@ impl DynamoDbStore {
     }
 
     /// One conditional `UpdateItem`, never retried here: the item comes
-    /// back either way, so the caller decides again without a read.
+    /// back either way, so the caller decides again without a read. One
+    /// marked `once` is not retried by the SDK either.
     async fn update_item(&self, key: Item, call: Expression) -> Result<Written, StoreError> {
-        let sent = self
+        let once = call.once;
+        let request = self
             .client
             .update_item()
             .table_name(&self.table)
@@ -269,9 +271,19 @@ impl DynamoDbStore {
             .set_expression_attribute_values(Some(call.values))
             .return_values(ReturnValue::AllNew)
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
-            .set_return_consumed_capacity(self.capacity_mode())
-            .send()
-            .await;
+            .set_return_consumed_capacity(self.capacity_mode());
+        let sent = if once {
+            request
+                .customize()
+                .config_override(
+                    aws_sdk_dynamodb::config::Builder::default()
+                        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled()),
+                )
+                .send()
+                .await
+        } else {
+            request.send().await
+        };
         match sent {
             Ok(out) => {
                 self.record(out.consumed_capacity());

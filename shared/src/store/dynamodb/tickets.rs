@@ -335,6 +335,7 @@ impl TicketStore for DynamoDbStore {
                 (":until".to_string(), number(claim.until_ms)),
                 (":now".to_string(), number(now_ms)),
             ]),
+            once: false,
         };
         Ok(
             match self.update_item(ticket_key(key, digest), call).await? {
@@ -425,6 +426,7 @@ fn moving(from: &TicketState, to: &TicketState, claim: Option<DeliveryClaim>) ->
         condition: "#st = :from".to_string(),
         names,
         values,
+        once: false,
     }
 }
 
