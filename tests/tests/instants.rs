@@ -87,13 +87,24 @@ fn racing(
     when: When,
     between: Between,
 ) -> ApiClient {
+    racing_with(inner, matches, when, between, Timing::default())
+}
+
+/// [`racing`], with the service's `timing` (compaction, layout).
+fn racing_with(
+    inner: &Arc<dyn PoolStore>,
+    matches: fn(&Update) -> bool,
+    when: When,
+    between: Between,
+    timing: Timing,
+) -> ApiClient {
     let store = Racing {
         inner: inner.clone(),
         matches,
         when,
         between: Mutex::new(Some(between)),
     };
-    ApiClient::new(Arc::new(Forward(store)), Limits::default())
+    ApiClient::with_timing(Arc::new(Forward(store)), Limits::default(), timing)
 }
 
 fn sets_count(update: &Update) -> bool {
@@ -115,7 +126,9 @@ on_both_stores!(
     a_put_never_answers_the_pool_of_a_later_instant,
     a_put_that_lost_to_two_others_sets_its_count,
     a_take_lands_on_the_lowest_position_free_when_it_lands,
+    a_take_lands_on_the_lowest_position_free_when_it_lands_split,
     a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile,
+    a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile_split,
     a_take_that_landed_is_granted_though_a_later_read_shows_its_slot_reused,
 );
 
@@ -209,9 +222,23 @@ async fn a_put_that_lost_to_two_others_sets_its_count(backend: Backend) {
 /// 2; slot 0 is returned before its write lands. The take must fail, and
 /// the borrow be granted slot 0: the lowest free position when it lands.
 async fn a_take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend) {
+    take_lands_on_the_lowest_position_free_when_it_lands(backend, Timing::default()).await;
+}
+
+/// The same on a split pool, its slots compacted into segments at every
+/// chance: a grant expects no slot freed in the segments below it.
+async fn a_take_lands_on_the_lowest_position_free_when_it_lands_split(backend: Backend) {
+    take_lands_on_the_lowest_position_free_when_it_lands(backend, compacting()).await;
+}
+
+async fn take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend, timing: Timing) {
     let inner = backend.store().await;
     let id = pool_id();
-    let plain = Arc::new(ApiClient::new(inner.clone(), Limits::default()));
+    let plain = Arc::new(ApiClient::with_timing(
+        inner.clone(),
+        Limits::default(),
+        timing,
+    ));
     assert_eq!(plain.register(&id, 3).await.0, 200);
     let (_, first) = plain.borrow(&id, 3600.0, 0.0).await;
     let (_, second) = plain.borrow(&id, 3600.0, 0.0).await;
@@ -229,7 +256,7 @@ async fn a_take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, takes_position_2, When::Before, other);
+    let api = racing_with(&inner, takes_position_2, When::Before, other, timing);
     let (status, third) = api.borrow(&id, 3600.0, 0.0).await;
     assert_eq!(status, 200, "{third}");
     assert_eq!(
@@ -246,9 +273,26 @@ async fn a_take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend
 /// slot's holder alone would miss it). The take must land on 0, with a
 /// fence above the other borrow's.
 async fn a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(backend: Backend) {
+    take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(backend, Timing::default()).await;
+}
+
+/// The same on a split pool, its slots compacted into segments at every
+/// chance: a grant expects no slot freed in the segments below it.
+async fn a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile_split(backend: Backend) {
+    take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(backend, compacting()).await;
+}
+
+async fn take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(
+    backend: Backend,
+    timing: Timing,
+) {
     let inner = backend.store().await;
     let id = pool_id();
-    let plain = Arc::new(ApiClient::new(inner.clone(), Limits::default()));
+    let plain = Arc::new(ApiClient::with_timing(
+        inner.clone(),
+        Limits::default(),
+        timing,
+    ));
     assert_eq!(plain.register(&id, 3).await.0, 200);
     let (_, first) = plain.borrow(&id, 3600.0, 0.0).await;
     let (_, second) = plain.borrow(&id, 3600.0, 0.0).await;
@@ -277,7 +321,7 @@ async fn a_take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(backend: Ba
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, takes_position_2, When::Before, other);
+    let api = racing_with(&inner, takes_position_2, When::Before, other, timing);
     let (status, third) = api.borrow(&id, 3600.0, 0.0).await;
     assert_eq!(status, 200, "{third}");
     assert_eq!(

@@ -53,6 +53,12 @@ pub struct Split {
     /// The compaction claim as read (0: none): its end (Unix ms) in the
     /// high bits, its writer's nonce in the low bits (`compaction.rs`).
     pub(super) claim: u64,
+    /// Per segment, how many writes freed one of its slots (absent: none),
+    /// as read. Every write that frees a slot of a split pool counts it
+    /// here, so that a grant can expect, in one condition a segment, that
+    /// no slot below its own was freed since its read (`lowest.rs`): its
+    /// cold slots are too many for a condition each.
+    pub(super) freed: BTreeMap<u16, u32>,
 }
 
 impl Split {
@@ -66,7 +72,24 @@ impl Split {
             versions,
             stored,
             claim: 0,
+            freed: BTreeMap::new(),
         }
+    }
+
+    /// With the segments' counts of freed slots `freed` as read.
+    pub fn with_freed(mut self, freed: BTreeMap<u16, u32>) -> Self {
+        self.freed = freed;
+        self
+    }
+
+    /// Every segment's count of freed slots as read (absent: none).
+    pub fn freed_counts(&self) -> &BTreeMap<u16, u32> {
+        &self.freed
+    }
+
+    /// How many writes freed a slot of `segment`, as read.
+    pub fn freed(&self, segment: u16) -> u32 {
+        self.freed.get(&segment).copied().unwrap_or(0)
     }
 
     /// With the compaction claim `claim` as read (0: none).
@@ -201,6 +224,7 @@ impl Pool {
             lowered.expect.extend(self.lower_positions_held(update));
             return (lowered, None);
         };
+        let below = self.lower_positions_held(update);
         let mut unchecked = None;
         let mut lowered = Update {
             expect: Vec::with_capacity(update.expect.len()),
@@ -223,6 +247,7 @@ impl Pool {
                 other => lowered.expect.push(other),
             }
         }
+        lowered.expect.extend(below);
         lowered.expect.dedup();
         // Slots past the end are not removed from a split pool item: they
         // are freed there (a cold one would keep its segment's lease).
@@ -321,10 +346,12 @@ impl Pool {
             return;
         };
         match change {
-            Change::Take { position, .. }
-            | Change::HandOff { position, .. }
-            | Change::Free(position) => {
+            Change::Take { position, .. } | Change::HandOff { position, .. } => {
                 split.hot.insert(position);
+            }
+            Change::Free(position) => {
+                split.hot.insert(position);
+                *split.freed.entry(segment_of(position)).or_insert(0) += 1;
             }
             Change::Cool(position) => {
                 split.hot.remove(&position);
@@ -358,6 +385,7 @@ impl Pool {
             Expect::SegmentVersion { segment, version } => {
                 split.is_some_and(|s| s.version(segment) == version)
             }
+            Expect::FreedIn { segment, frees } => split.is_some_and(|s| s.freed(segment) == frees),
             Expect::FlatAsRead { fence, holders } => {
                 split.is_none() && self.next_fence == fence && self.holders_digest() == holders
             }

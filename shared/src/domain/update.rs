@@ -15,6 +15,10 @@ pub enum Expect {
     /// write freed it since it was read so. A grant expects it of each
     /// position below its own (see `lowest.rs`).
     SlotHeld(u16),
+    /// A split pool's segment has had this many of its slots freed: no
+    /// write freed one since it was read. A grant expects it of each
+    /// segment below its own position where a slot is held (`lowest.rs`).
+    FreedIn { segment: u16, frees: u32 },
     /// This position holds the grant with this stamp (stamps are unique per
     /// grant, so this names exactly one lease).
     SlotStamp { position: u16, stamp: Stamp },
@@ -290,9 +294,10 @@ impl Pool {
                 .listed_number(digest)
                 .is_none_or(|listed| listed == number),
             Expect::Settled => self.line.is_settled(),
-            Expect::Cold { .. } | Expect::SegmentVersion { .. } | Expect::FlatAsRead { .. } => {
-                self.holds_layout(expect).unwrap_or(false)
-            }
+            Expect::Cold { .. }
+            | Expect::SegmentVersion { .. }
+            | Expect::FreedIn { .. }
+            | Expect::FlatAsRead { .. } => self.holds_layout(expect).unwrap_or(false),
         }
     }
 }

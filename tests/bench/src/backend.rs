@@ -249,6 +249,7 @@ fn expect_kind(expect: &Expect) -> &'static str {
         Expect::SlotsLen(_) => "lost: SlotsLen",
         Expect::SlotFree(_) => "lost: SlotFree",
         Expect::SlotHeld(_) => "lost: SlotHeld",
+        Expect::FreedIn { .. } => "lost: FreedIn",
         Expect::SlotStamp { .. } => "lost: SlotStamp",
         Expect::QueueLen(_) => "lost: QueueLen",
         Expect::QueueBelow(_) => "lost: QueueBelow",

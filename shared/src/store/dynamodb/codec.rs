@@ -8,7 +8,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use base64::Engine;
 
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, BASE, COMPACTION_CLAIM, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT,
+    ACTIVE, ADMITTED, BASE, COMPACTION_CLAIM, COUNT, ENDED, FENCE, FREED, GIVEN_UP, GIVE_UP, HOT,
     HOT_STAMPS, INCARNATION, LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
 use super::schema::{PK, POOL_ITEM, SK};
@@ -168,6 +168,12 @@ pub(super) fn slot_attributes(pool: &Pool) -> Vec<(String, AttributeValue)> {
             if split.claim() != 0 {
                 attributes.push((COMPACTION_CLAIM.to_string(), number(split.claim())));
             }
+            attributes.extend(
+                split
+                    .freed_counts()
+                    .iter()
+                    .map(|(segment, frees)| (format!("{FREED}{segment}"), number(*frees))),
+            );
             attributes
         }
     }
@@ -435,8 +441,23 @@ fn split_slots(a: &Attrs, count: u16, cold: &Cold) -> Result<(Vec<Slot>, Layout)
         Some(claim) => a.small(Some(claim), COMPACTION_CLAIM)?,
         None => 0,
     };
-    let split = Split::new(positions, versions, cold.stored.clone()).with_claim(claim);
+    let split = Split::new(positions, versions, cold.stored.clone())
+        .with_claim(claim)
+        .with_freed(freed_counts(a)?);
     Ok((list, Layout::Split(Box::new(split))))
+}
+
+/// A split pool item's counts of freed slots, by segment (`d0`, `d1`, …).
+fn freed_counts(a: &Attrs) -> Result<BTreeMap<u16, u32>, StoreError> {
+    let mut freed = BTreeMap::new();
+    for (name, value) in a.item {
+        let Some(segment) = name.strip_prefix(FREED).and_then(|n| n.parse::<u16>().ok()) else {
+            continue;
+        };
+        let frees = u32::try_from(a.small(Some(value), FREED)?).map_err(|_| a.corrupt(FREED))?;
+        freed.insert(segment, frees);
+    }
+    Ok(freed)
 }
 
 fn sizing(a: &Attrs) -> Result<Sizing, StoreError> {

@@ -1,7 +1,7 @@
 //! An [`Update`] as one conditional `UpdateItem` on a pool item: its
 //! condition, update expression, names and values.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use aws_sdk_dynamodb::types::AttributeValue;
 
@@ -10,10 +10,12 @@ use super::codec::{
     stamp_value, HANDED, STAMP_SCALE,
 };
 use super::schema::pool_item::{
-    ACTIVE, ADMITTED, COMPACTION_CLAIM, COUNT, ENDED, FENCE, GIVEN_UP, GIVE_UP, HOT, HOT_STAMPS,
-    INCARNATION, LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
+    ACTIVE, ADMITTED, COMPACTION_CLAIM, COUNT, ENDED, FENCE, FREED, GIVEN_UP, GIVE_UP, HOT,
+    HOT_STAMPS, INCARNATION, LEGACY_ENDED, LISTED, NEXT_TICKET, QUEUE, SEGMENTS, SLOTS, STAMPS,
 };
-use crate::domain::{Change, Expect, Holder, LeaseDigest, Pool, Update, TICKET_GRACE_MS};
+use crate::domain::{
+    segment_of, Change, Expect, Holder, LeaseDigest, Pool, Update, TICKET_GRACE_MS,
+};
 use crate::store::Record;
 
 /// One update as DynamoDB expressions (for a pool item, made by [`Expression::of`]). Top-level attribute names are single
@@ -69,9 +71,20 @@ fn condition(e: &mut ExpressionBuilder, expect: &Expect) -> String {
             let slot = e.slot(position);
             format!("{slot} = {}", e.zero())
         }
+        // A split item's flat conditions never name a slot held below a
+        // grant (`FreedIn` stands for them there); never true rather than
+        // silently so, should one.
+        Expect::SlotHeld(_) if e.split => format!("attribute_not_exists({INCARNATION})"),
         Expect::SlotHeld(position) => {
             let slot = e.slot(position);
             format!("{slot} <> {}", e.zero())
+        }
+        // Absent until a slot of the segment is first freed.
+        Expect::FreedIn { segment, frees: 0 } => {
+            format!("attribute_not_exists({FREED}{segment})")
+        }
+        Expect::FreedIn { segment, frees } => {
+            format!("{FREED}{segment} = {}", e.value(number(frees)))
         }
         Expect::SlotStamp { position, stamp } if e.split => {
             let path = e.key(HOT_STAMPS, "p", position);
@@ -164,6 +177,9 @@ fn segment_version(e: &mut ExpressionBuilder, segment: u16, version: u32) -> Str
 struct Clauses {
     sets: Vec<String>,
     removes: BTreeSet<String>,
+    /// A split item's slots freed, by segment: each segment's count
+    /// advances once by their number (one path is set once a write).
+    freed: BTreeMap<u16, u32>,
     // Appended tickets, in order: one list_append per list.
     appended: Vec<AttributeValue>,
     give_ups: Vec<AttributeValue>,
@@ -285,6 +301,9 @@ impl Clauses {
                 let (slot, stamp) = (e.slot(position), e.stamp(position));
                 self.sets.push(format!("{slot} = {zero}"));
                 self.sets.push(format!("{stamp} = {zero}"));
+                if e.split {
+                    *self.freed.entry(segment_of(position)).or_insert(0) += 1;
+                }
             }
             // A split item stores no free slot past the hot ones: nothing to
             // add or remove (`Pool::lower` frees a truncated held one).
@@ -352,9 +371,16 @@ impl Clauses {
         let Clauses {
             mut sets,
             removes,
+            freed,
             appended,
             give_ups,
         } = self;
+        for (segment, frees) in freed {
+            let (zero, frees) = (e.zero(), e.value(number(frees)));
+            sets.push(format!(
+                "{FREED}{segment} = if_not_exists({FREED}{segment}, {zero}) + {frees}"
+            ));
+        }
         if !appended.is_empty() {
             let q = e.value(AttributeValue::L(appended));
             let w = e.value(AttributeValue::L(give_ups));

@@ -445,3 +445,40 @@ fn the_largest_compaction_fits_dynamodbs_expression_limits() {
     assert!(e.condition.len() < 4096, "{}", e.condition.len());
     assert!(e.update.len() < 4096, "{}", e.update.len());
 }
+
+/// A grant on the last slot of a split pool of the largest count, every slot
+/// below held: one condition a segment below it (16), within DynamoDB's
+/// 4 KB per expression and 300 operators.
+#[test]
+fn a_grant_above_every_held_slot_of_the_largest_pool_fits_dynamodbs_limits() {
+    let mut pool = Pool::new(crate::domain::MAX_COUNT, NOW * 1000).split_above(0);
+    let mut last = None;
+    for n in 0..crate::domain::MAX_COUNT {
+        let BorrowPlan::Take { update, .. } = pool.plan_borrow(holder(n, 600_000), NOW, NOW, 1000)
+        else {
+            panic!("slot {n}")
+        };
+        let lowered = pool.lower(&update).0;
+        pool = pool.apply(&lowered).unwrap();
+        last = Some(lowered);
+    }
+    let last = last.unwrap();
+    let segments = last
+        .expect
+        .iter()
+        .filter(|e| matches!(e, Expect::FreedIn { .. }))
+        .count();
+    assert_eq!(
+        segments,
+        usize::from((crate::domain::MAX_COUNT - 1) / crate::domain::SEGMENT_SLOTS) + 1
+    );
+    let e = Expression::of(7, &last, true);
+    assert!(e.condition.len() <= 4096, "{} bytes", e.condition.len());
+    assert!(e.update.len() <= 4096, "{} bytes", e.update.len());
+    let operators = e.condition.matches(" AND ").count()
+        + e.condition.matches(" OR ").count()
+        + e.condition.matches('(').count()
+        + e.condition.matches(" = ").count()
+        + e.condition.matches(" <> ").count();
+    assert!(operators < 300, "{operators} operators: {}", e.condition);
+}

@@ -109,6 +109,10 @@ pub mod pool_item {
     pub const SEGMENTS: &str = "k";
     /// A split pool's compaction claim (see `Pool::compaction_claim`).
     pub const COMPACTION_CLAIM: &str = "o";
+    /// A split pool's count of freed slots per segment: one attribute per
+    /// segment that ever had one freed, `d0`, `d1`, … (absent: none). A
+    /// grant conditions on those below its position (`domain/lowest.rs`).
+    pub const FREED: &str = "d";
     pub const QUEUE: &str = "q";
     pub const GIVE_UP: &str = "w";
     pub const GIVEN_UP: &str = "x";
