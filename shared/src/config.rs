@@ -232,6 +232,11 @@ pub fn limits_from_lookup(var: impl Fn(&str) -> Option<String>) -> Result<Limits
     })
 }
 
+/// How long one DynamoDB call may take, its retries included: in time for
+/// the service to answer in JSON. A call sent once (a resize) has it all
+/// for its one attempt.
+pub const DYNAMODB_OPERATION_TIMEOUT: Duration = Duration::from_millis(2_500);
+
 /// A DynamoDB client. With `endpoint` (DynamoDB Local) it needs no AWS account:
 /// region and credentials fall back to dummies unless the environment sets them.
 /// Without it, the standard chain applies (`AWS_ENDPOINT_URL_DYNAMODB` included).
@@ -241,7 +246,7 @@ pub async fn dynamodb_client(endpoint: Option<&str>) -> aws_sdk_dynamodb::Client
         // A hung attempt is retried by the SDK; the whole call (retries
         // included) ends in time for the service to answer in JSON.
         .operation_attempt_timeout(Duration::from_millis(1_200))
-        .operation_timeout(Duration::from_millis(2_500))
+        .operation_timeout(DYNAMODB_OPERATION_TIMEOUT)
         .build();
     let mut loader = aws_config::defaults(BehaviorVersion::latest()).timeout_config(timeouts);
     if let Some(endpoint) = endpoint {

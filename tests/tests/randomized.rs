@@ -413,7 +413,6 @@ async fn memory_store_split_pools_random_history_is_correct() {
 /// The same on DynamoDB Local: segments in items of their own, each
 /// compaction writing its segment before the pool item, reads after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "issue 62: fails under CI's load on DynamoDB (a borrow refused while a slot is free, a lower free position skipped); out of the gate until its fix lands; run by `tests/run --randomized`"]
 async fn dynamodb_split_pools_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
     let mut stores = Vec::new();
@@ -468,7 +467,6 @@ fn split_in_place(name: &str, truth: &Truth) {
 /// on, returned, resized and deleted, and served by both kinds of process
 /// after ([`upgrading_instances`]).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "issue 62: fails under CI's load on DynamoDB (a borrow refused while a slot is free, a lower free position skipped); out of the gate until its fix lands; run by `tests/run --randomized`"]
 async fn dynamodb_pools_split_in_place_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
     let mut stores = Vec::new();
@@ -496,7 +494,7 @@ async fn memory_store_pools_split_in_place_random_history_is_correct() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "issue 62: fails under CI's load on DynamoDB (a borrow refused while a slot is free, a lower free position skipped); out of the gate until its fix lands; run by `tests/run --randomized`"]
+#[ignore = "issue 62: under CI's load a borrow on a flat pool with room is still answered 409 while a slot is free throughout its call (LostWakeup, 1 run in 8 with it in the whole suite on 2026-12-07; route not found yet); out of the gate until fixed; run by `tests/run --randomized`"]
 async fn dynamodb_with_room_to_spare_random_history_is_correct() {
     let truth = Arc::new(Truth::default());
     let (apis, clean) = dynamodb_instances(&truth, ROOM_LIMITS).await;

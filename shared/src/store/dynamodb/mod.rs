@@ -273,11 +273,19 @@ impl DynamoDbStore {
             .return_values_on_condition_check_failure(ReturnValuesOnConditionCheckFailure::AllOld)
             .set_return_consumed_capacity(self.capacity_mode());
         let sent = if once {
+            // Its one attempt has the whole call's time (the SDK's attempt
+            // timeout would otherwise end it at 1.2 s, unknown, where a
+            // retry had an answer within the call's 2.5 s).
+            let timeouts = aws_sdk_dynamodb::config::timeout::TimeoutConfig::builder()
+                .operation_attempt_timeout(crate::config::DYNAMODB_OPERATION_TIMEOUT)
+                .operation_timeout(crate::config::DYNAMODB_OPERATION_TIMEOUT)
+                .build();
             request
                 .customize()
                 .config_override(
                     aws_sdk_dynamodb::config::Builder::default()
-                        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled()),
+                        .retry_config(aws_sdk_dynamodb::config::retry::RetryConfig::disabled())
+                        .timeout_config(timeouts),
                 )
                 .send()
                 .await
