@@ -107,13 +107,6 @@ fn racing_with(
     ApiClient::with_timing(Arc::new(Forward(store)), Limits::default(), timing)
 }
 
-fn sets_count(update: &Update) -> bool {
-    update
-        .changes
-        .iter()
-        .any(|c| matches!(c, Change::SetCount(_)))
-}
-
 fn takes_position_2(update: &Update) -> bool {
     update
         .changes
@@ -150,7 +143,7 @@ async fn a_put_whose_landed_write_was_retried_is_not_applied_again(backend: Back
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, sets_count, When::AfterThenError, other);
+    let api = racing(&inner, Update::sets_count, When::AfterThenError, other);
     let (status, body) = api.register(&id, 2).await;
     assert_eq!(
         status, 502,
@@ -177,7 +170,7 @@ async fn a_put_never_answers_the_pool_of_a_later_instant(backend: Backend) {
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, sets_count, When::AfterThenError, other);
+    let api = racing(&inner, Update::sets_count, When::AfterThenError, other);
     let (status, body) = api.register(&id, 2).await;
     match status {
         200 => assert_eq!(body["in_use"], 0, "the pool of a later instant: {body}"),
@@ -211,7 +204,7 @@ async fn a_put_that_lost_to_two_others_sets_its_count(backend: Backend) {
             }) as std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>
         }) as Between
     };
-    let api = racing(&inner, sets_count, When::Before, others);
+    let api = racing(&inner, Update::sets_count, When::Before, others);
     let (status, body) = api.register(&id, 2).await;
     assert_eq!((status, body["count"].as_u64()), (200, Some(2)), "{body}");
     let (_, state) = plain.inspect(&id).await;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use crate::clock::{now_ms, now_us};
-use crate::domain::{Change, Pool, PoolState, ResizeSeen, RESIZE_NONCE_BITS};
+use crate::domain::{Pool, PoolState, ResizeSeen, RESIZE_NONCE_BITS};
 use crate::error::Error;
 use crate::keys::{PoolId, PoolKey};
 use crate::store::{Created, Record, StoreError, StoreErrorKind, Updated};
@@ -88,10 +88,7 @@ async fn resize(
         let Some(update) = current.pool.plan_resize_as(count, now, nonce) else {
             return Ok(Some(answer.unwrap_or_else(|| current.pool.state(now))));
         };
-        let sets_count = update
-            .changes
-            .iter()
-            .any(|c| matches!(c, Change::SetCount(_)));
+        let sets_count = update.sets_count();
         if !sets_count && answer.is_none() {
             answer = Some(current.pool.state(now));
         }
