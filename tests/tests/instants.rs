@@ -211,20 +211,16 @@ async fn a_put_that_lost_to_two_others_sets_its_count(backend: Backend) {
     assert_eq!(state["count"], 2, "{state}");
 }
 
-/// Slots 0 and 1 are held; a borrow reads the pool and plans to take slot
-/// 2; slot 0 is returned before its write lands. The take must fail, and
-/// the borrow be granted slot 0: the lowest free position when it lands.
-async fn a_take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend) {
-    take_lands_on_the_lowest_position_free_when_it_lands(backend, Timing::default()).await;
+/// A pool of count 3 with slots 0 and 1 held for an hour, through a client
+/// with `timing`: the store, that client, the pool id and slot 0's lease.
+struct TwoHeld {
+    inner: Arc<dyn PoolStore>,
+    plain: Arc<ApiClient>,
+    id: String,
+    lease: String,
 }
 
-/// The same on a split pool, its slots compacted into segments at every
-/// chance: a grant expects no slot freed in the segments below it.
-async fn a_take_lands_on_the_lowest_position_free_when_it_lands_split(backend: Backend) {
-    take_lands_on_the_lowest_position_free_when_it_lands(backend, compacting()).await;
-}
-
-async fn take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend, timing: Timing) {
+async fn two_held(backend: Backend, timing: Timing) -> TwoHeld {
     let inner = backend.store().await;
     let id = pool_id();
     let plain = Arc::new(ApiClient::with_timing(
@@ -240,6 +236,34 @@ async fn take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend, 
         (Some(0), Some(1))
     );
     let lease = first["lease"].as_str().unwrap().to_string();
+    TwoHeld {
+        inner,
+        plain,
+        id,
+        lease,
+    }
+}
+
+/// Slots 0 and 1 are held; a borrow reads the pool and plans to take slot
+/// 2; slot 0 is returned before its write lands. The take must fail, and
+/// the borrow be granted slot 0: the lowest free position when it lands.
+async fn a_take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend) {
+    take_lands_on_the_lowest_position_free_when_it_lands(backend, Timing::default()).await;
+}
+
+/// The same on a split pool, its slots compacted into segments at every
+/// chance: a grant expects no slot freed in the segments below it.
+async fn a_take_lands_on_the_lowest_position_free_when_it_lands_split(backend: Backend) {
+    take_lands_on_the_lowest_position_free_when_it_lands(backend, compacting()).await;
+}
+
+async fn take_lands_on_the_lowest_position_free_when_it_lands(backend: Backend, timing: Timing) {
+    let TwoHeld {
+        inner,
+        plain,
+        id,
+        lease,
+    } = two_held(backend, timing).await;
     let other = {
         let (plain, id) = (plain.clone(), id.clone());
         Box::new(move || {
@@ -279,21 +303,12 @@ async fn take_lands_on_a_lower_slot_taken_and_given_back_meanwhile(
     backend: Backend,
     timing: Timing,
 ) {
-    let inner = backend.store().await;
-    let id = pool_id();
-    let plain = Arc::new(ApiClient::with_timing(
-        inner.clone(),
-        Limits::default(),
-        timing,
-    ));
-    assert_eq!(plain.register(&id, 3).await.0, 200);
-    let (_, first) = plain.borrow(&id, 3600.0, 0.0).await;
-    let (_, second) = plain.borrow(&id, 3600.0, 0.0).await;
-    assert_eq!(
-        (first["position"].as_u64(), second["position"].as_u64()),
-        (Some(0), Some(1))
-    );
-    let lease = first["lease"].as_str().unwrap().to_string();
+    let TwoHeld {
+        inner,
+        plain,
+        id,
+        lease,
+    } = two_held(backend, timing).await;
     let between_fence = Arc::new(Mutex::new(None));
     let other = {
         let (plain, id, fence) = (plain.clone(), id.clone(), between_fence.clone());
